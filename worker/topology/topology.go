@@ -1,0 +1,267 @@
+// Package topology names and creates the JetStream objects of sys1 (SPEC §2): the request,
+// run-record and reply streams, the shared worker and sink consumers, and the run-id bucket.
+//
+// Every object is created or updated idempotently at start-up. A difference JetStream cannot
+// reconcile in place (a stream's retention or storage, say) is a start-up error that names the
+// object and the field, never silent drift.
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Subjects of SPEC §2–§4.
+const (
+	DecidePrefix   = "sys1.decide."  // + <caller>[.<more tokens>]
+	RunsPrefix     = "sys1.runs."    // + <status>
+	RepliesPrefix  = "sys1.replies." // durable replies live under this prefix
+	DecideSubjects = "sys1.decide.>"
+	RunsSubjects   = "sys1.runs.>"
+	ReplySubjects  = "sys1.replies.>"
+)
+
+// Config names every JetStream object and its limits. Defaults are SPEC §2's.
+type Config struct {
+	RequestsStream string        `env:"SYS1_REQUESTS_STREAM" envDefault:"SYS1_REQUESTS"`
+	RunsStream     string        `env:"SYS1_RUNS_STREAM" envDefault:"SYS1_RUNS"`
+	RepliesStream  string        `env:"SYS1_REPLIES_STREAM" envDefault:"SYS1_REPLIES"`
+	WorkerConsumer string        `env:"SYS1_WORKER_CONSUMER" envDefault:"sys1-worker"`
+	SinkConsumer   string        `env:"SYS1_SINK_CONSUMER" envDefault:"sys1-sink"`
+	RunsBucket     string        `env:"SYS1_RUNS_BUCKET" envDefault:"sys1-runs"`
+	Replicas       int           `env:"SYS1_STREAM_REPLICAS" envDefault:"1"`
+	RequestsMaxAge time.Duration `env:"SYS1_REQUESTS_MAX_AGE" envDefault:"24h"`
+	RunsMaxAge     time.Duration `env:"SYS1_RUNS_MAX_AGE" envDefault:"168h"`
+	RepliesMaxAge  time.Duration `env:"SYS1_REPLIES_MAX_AGE" envDefault:"24h"`
+	// RunIDTTL is how long the run-id gate remembers a run (ownership and stored outcome). It
+	// must outlive the request stream's max age so every redelivery finds its run.
+	RunIDTTL time.Duration `env:"SYS1_RUN_ID_TTL" envDefault:"168h"`
+	// DedupeWindow is the JetStream Nats-Msg-Id window on the request and run streams.
+	DedupeWindow time.Duration `env:"SYS1_DEDUPE_WINDOW" envDefault:"2m"`
+	// AckWait is how long a delivery may run without an ack or InProgress before redelivery.
+	AckWait time.Duration `env:"SYS1_ACK_WAIT" envDefault:"30s"`
+	// MaxAckPending caps unacknowledged messages across ALL replicas of the shared consumer; it
+	// must be at least replicas × SYS1_CONCURRENCY or replicas starve each other.
+	MaxAckPending int `env:"SYS1_MAX_ACK_PENDING" envDefault:"1024"`
+	// MaxPayload is the largest request accepted by the stream (bytes).
+	MaxMsgSize int32 `env:"SYS1_MAX_MSG_SIZE" envDefault:"8388608"`
+}
+
+// Validate reports every bad variable.
+func (c *Config) Validate() []error {
+	var errs []error
+	for _, f := range []struct{ name, v string }{
+		{"SYS1_REQUESTS_STREAM", c.RequestsStream}, {"SYS1_RUNS_STREAM", c.RunsStream},
+		{"SYS1_REPLIES_STREAM", c.RepliesStream}, {"SYS1_WORKER_CONSUMER", c.WorkerConsumer},
+		{"SYS1_SINK_CONSUMER", c.SinkConsumer}, {"SYS1_RUNS_BUCKET", c.RunsBucket},
+	} {
+		if !validName(f.v) {
+			errs = append(errs, fmt.Errorf("%s: %q is not a valid JetStream name (letters, digits, - and _ only)", f.name, f.v))
+		}
+	}
+	if c.Replicas < 1 || c.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("SYS1_STREAM_REPLICAS: must be 1–5, got %d", c.Replicas))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"SYS1_REQUESTS_MAX_AGE", c.RequestsMaxAge}, {"SYS1_RUNS_MAX_AGE", c.RunsMaxAge}, {"SYS1_REPLIES_MAX_AGE", c.RepliesMaxAge}, {"SYS1_RUN_ID_TTL", c.RunIDTTL}, {"SYS1_DEDUPE_WINDOW", c.DedupeWindow}, {"SYS1_ACK_WAIT", c.AckWait}} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be a positive duration, got %s", d.name, d.v))
+		}
+	}
+	if c.RunIDTTL > 0 && c.RequestsMaxAge > 0 && c.RunIDTTL < c.RequestsMaxAge {
+		errs = append(errs, fmt.Errorf("SYS1_RUN_ID_TTL: %s is shorter than SYS1_REQUESTS_MAX_AGE %s; redeliveries could score a run twice", c.RunIDTTL, c.RequestsMaxAge))
+	}
+	if c.DedupeWindow > c.RequestsMaxAge && c.RequestsMaxAge > 0 {
+		errs = append(errs, fmt.Errorf("SYS1_DEDUPE_WINDOW: %s exceeds SYS1_REQUESTS_MAX_AGE %s", c.DedupeWindow, c.RequestsMaxAge))
+	}
+	if c.MaxAckPending < 1 {
+		errs = append(errs, fmt.Errorf("SYS1_MAX_ACK_PENDING: must be positive, got %d", c.MaxAckPending))
+	}
+	if c.MaxMsgSize < 1024 {
+		errs = append(errs, fmt.Errorf("SYS1_MAX_MSG_SIZE: must be at least 1024 bytes, got %d", c.MaxMsgSize))
+	}
+	return errs
+}
+
+func validName(s string) bool {
+	if s == "" || len(s) > 255 {
+		return false
+	}
+	for _, r := range s {
+		if !(r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// Default returns the SPEC §2 defaults (what env parsing yields with nothing set).
+func Default() Config {
+	return Config{
+		RequestsStream: "SYS1_REQUESTS", RunsStream: "SYS1_RUNS", RepliesStream: "SYS1_REPLIES",
+		WorkerConsumer: "sys1-worker", SinkConsumer: "sys1-sink", RunsBucket: "sys1-runs",
+		Replicas: 1, RequestsMaxAge: 24 * time.Hour, RunsMaxAge: 7 * 24 * time.Hour,
+		RepliesMaxAge: 24 * time.Hour, RunIDTTL: 7 * 24 * time.Hour, DedupeWindow: 2 * time.Minute,
+		AckWait: 30 * time.Second, MaxAckPending: 1024, MaxMsgSize: 8 << 20,
+	}
+}
+
+// RequestsStreamConfig is SYS1_REQUESTS: a file-backed work queue with publish de-duplication.
+func (c Config) RequestsStreamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        c.RequestsStream,
+		Description: "sys1 decision requests (work queue)",
+		Subjects:    []string{DecideSubjects},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		MaxAge:      c.RequestsMaxAge,
+		Duplicates:  c.DedupeWindow,
+		MaxMsgSize:  c.MaxMsgSize,
+		Discard:     jetstream.DiscardOld,
+	}
+}
+
+// RunsStreamConfig is SYS1_RUNS: the durable outbox of run records.
+func (c Config) RunsStreamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        c.RunsStream,
+		Description: "sys1 run records (outbox for the sink)",
+		Subjects:    []string{RunsSubjects},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		MaxAge:      c.RunsMaxAge,
+		Duplicates:  c.DedupeWindow,
+		MaxMsgSize:  c.MaxMsgSize,
+	}
+}
+
+// RepliesStreamConfig is SYS1_REPLIES: durable replies for producers that may be offline.
+func (c Config) RepliesStreamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        c.RepliesStream,
+		Description: "sys1 durable replies",
+		Subjects:    []string{ReplySubjects},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		MaxAge:      c.RepliesMaxAge,
+		Duplicates:  c.DedupeWindow,
+		MaxMsgSize:  c.MaxMsgSize,
+	}
+}
+
+// WorkerConsumerConfig is the durable pull consumer every worker replica shares.
+//
+// MaxDeliver is unlimited on purpose: the worker itself stops retrying after SYS1_MAX_DELIVER
+// deliveries and answers with the last error. A JetStream-side limit would instead drop the
+// message silently, with no reply and no record.
+func (c Config) WorkerConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       c.WorkerConsumer,
+		Description:   "sys1 worker replicas (shared)",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: c.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		Replicas:      c.Replicas,
+	}
+}
+
+// SinkConsumerConfig is the durable pull consumer the sink drains SYS1_RUNS with.
+func (c Config) SinkConsumerConfig(ackWait time.Duration, maxAckPending int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       c.SinkConsumer,
+		Description:   "sys1 sink into ClickHouse",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		MaxDeliver:    -1,
+		MaxAckPending: maxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		Replicas:      c.Replicas,
+	}
+}
+
+// RunsBucketConfig is the run-id gate: which caller owns each run id, its attempts so far and,
+// once finished, its stored outcome.
+func (c Config) RunsBucketConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      c.RunsBucket,
+		Description: "sys1 run-id ownership and outcomes",
+		History:     1,
+		TTL:         c.RunIDTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+	}
+}
+
+// Ensure creates or updates the streams and the run-id bucket. It does not create consumers:
+// each component ensures its own (EnsureWorkerConsumer, EnsureSinkConsumer).
+func Ensure(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.KeyValue, error) {
+	for _, sc := range []jetstream.StreamConfig{c.RequestsStreamConfig(), c.RunsStreamConfig(), c.RepliesStreamConfig()} {
+		if err := ensureStream(ctx, js, sc); err != nil {
+			return nil, err
+		}
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, c.RunsBucketConfig())
+	if err != nil {
+		return nil, fmt.Errorf("run-id bucket %q: cannot create or update: %w", c.RunsBucket, err)
+	}
+	return kv, nil
+}
+
+// EnsureRunsStream creates or updates only SYS1_RUNS (what the sink needs).
+func EnsureRunsStream(ctx context.Context, js jetstream.JetStream, c Config) error {
+	return ensureStream(ctx, js, c.RunsStreamConfig())
+}
+
+func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig) error {
+	existing, err := js.Stream(ctx, sc.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			return fmt.Errorf("stream %s: cannot create: %w", sc.Name, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("stream %s: cannot look up: %w", sc.Name, err)
+	}
+	have := existing.CachedInfo().Config
+	// JetStream cannot change these in place; say so precisely instead of failing obscurely.
+	if have.Retention != sc.Retention {
+		return fmt.Errorf("stream %s exists with retention %s, sys1 needs %s; it cannot be changed in place (migrate the stream or configure another name)", sc.Name, have.Retention, sc.Retention)
+	}
+	if have.Storage != sc.Storage {
+		return fmt.Errorf("stream %s exists with %s storage, sys1 needs %s; it cannot be changed in place", sc.Name, have.Storage, sc.Storage)
+	}
+	if _, err := js.UpdateStream(ctx, sc); err != nil {
+		return fmt.Errorf("stream %s: cannot update to sys1's configuration: %w", sc.Name, err)
+	}
+	return nil
+}
+
+// EnsureWorkerConsumer creates or updates the shared worker consumer.
+func EnsureWorkerConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.RequestsStream, c.WorkerConsumerConfig())
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.WorkerConsumer, c.RequestsStream, err)
+	}
+	return cons, nil
+}
+
+// EnsureSinkConsumer creates or updates the sink's consumer on SYS1_RUNS.
+func EnsureSinkConsumer(ctx context.Context, js jetstream.JetStream, c Config, ackWait time.Duration, maxAckPending int) (jetstream.Consumer, error) {
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.RunsStream, c.SinkConsumerConfig(ackWait, maxAckPending))
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.SinkConsumer, c.RunsStream, err)
+	}
+	return cons, nil
+}
