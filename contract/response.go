@@ -21,9 +21,9 @@ type Answer struct {
 	Type QuestionType
 	Raw  json.RawMessage
 
-	Choice string   // choice: the chosen option key
-	Noul   float64  // noul: P(true)
-	Score  float64  // score: expected level index in [0, N-1]
+	Choice string  // choice: the chosen option key
+	Noul   float64 // noul: P(true)
+	Score  float64 // score: expected level index in [0, N-1]
 	// Confidence is nil when the provider sent none (noul answers usually carry none).
 	Confidence *float64
 	// Probabilities in arrival order: option keys for choice, "true"/"false" for noul when

@@ -1,0 +1,245 @@
+package contract
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"strings"
+	"unicode/utf8"
+)
+
+// Limits of the contract (SPEC §5, mirroring Ollama's decision package).
+const (
+	MinQuestions = 1
+	MaxQuestions = 64
+	MinOptions   = 2
+	MaxOptions   = 26
+	MinLevels    = 2
+	MaxLevels    = 26
+
+	// MaxTextBytes bounds the serialized request without images (Ollama's 64 KiB).
+	MaxTextBytes = 65536
+	// MaxImageRequestBytes bounds the serialized request with images.
+	MaxImageRequestBytes = 32 << 20
+	// MaxBodyBytes is the largest body DecodeRequest reads at all: the image limit plus slack
+	// for white space and a caller's keep_alive, which Resolve replaces.
+	MaxBodyBytes = MaxImageRequestBytes + 1<<20
+)
+
+// maxListedProblems caps the problems spelled out in one message; a hostile body can hold
+// thousands and the message travels in replies and records.
+const maxListedProblems = 100
+
+// DecodeRequest strictly decodes and validates an untrusted request body. It rejects invalid
+// UTF-8, nesting deeper than MaxDepth (found by a scan that allocates nothing, before any
+// parsing), duplicate keys at any depth, unknown fields (keep_alive is accepted and dropped),
+// wrong types and every rule of the contract. The SYS1_INVALID_INPUT it returns lists every
+// problem with its path; its Err is the Problems. Each image is checked and gets its SHA256
+// and Bytes filled in, so nothing downstream decodes it again.
+func DecodeRequest(body []byte) (*Request, *Error) {
+	if len(body) > MaxBodyBytes {
+		return nil, Errorf(CodeRequestTooLarge, "request body is %d bytes; the limit is %d bytes with images and %d without",
+			len(body), MaxImageRequestBytes, MaxTextBytes)
+	}
+	if !utf8.Valid(body) {
+		return nil, invalidInput(Problems{{Path: "body", Message: fmt.Sprintf("invalid UTF-8 at byte %d", firstInvalidUTF8(body))}})
+	}
+	if !checkDepth(body, MaxDepth) {
+		return nil, invalidInput(Problems{{Path: "body", Message: fmt.Sprintf("nesting deeper than %d levels", MaxDepth)}})
+	}
+	d := requestDecoder{p: parser{data: body}, strict: true}
+	req, err := d.decode()
+	if err != nil {
+		d.probs.add("body", err.Error())
+		return nil, invalidInput(capProblems(d.probs.list))
+	}
+	validateRequest(req, &d.seen, &d.probs)
+	if len(d.probs.list) > 0 {
+		return nil, invalidInput(capProblems(d.probs.list))
+	}
+	return req, nil
+}
+
+func firstInvalidUTF8(b []byte) int {
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i
+		}
+		i += size
+	}
+	return len(b)
+}
+
+func capProblems(ps Problems) Problems {
+	if len(ps) <= maxListedProblems {
+		return ps
+	}
+	out := append(Problems(nil), ps[:maxListedProblems]...)
+	return append(out, Problem{Message: fmt.Sprintf("… and %d more problems", len(ps)-maxListedProblems)})
+}
+
+// Validate checks a request built in Go against the contract (DecodeRequest already does
+// this for bodies) and fills in each image's SHA256 and Bytes. It returns Problems, or nil.
+func (r *Request) Validate() error {
+	var probs problemList
+	if r.Model != strings.TrimSpace(r.Model) {
+		probs.add("model", "must be trimmed")
+	}
+	validateRequest(r, &reported{}, &probs)
+	if len(probs.list) > 0 {
+		return probs.list
+	}
+	return nil
+}
+
+// validateRequest checks the rules that need the whole request; rep says what the reader has
+// already reported, so no problem is listed twice.
+func validateRequest(req *Request, rep *reported, probs *problemList) {
+	if !rep.state {
+		validateContent(req.State, "state", probs)
+	}
+	if !rep.questions && (len(req.Questions) < MinQuestions || len(req.Questions) > MaxQuestions) {
+		probs.add("questions", fmt.Sprintf("must have %d–%d questions, got %d", MinQuestions, MaxQuestions, len(req.Questions)))
+	}
+	names := make(map[string]struct{}, len(req.Questions))
+	for i := range req.Questions {
+		q := &req.Questions[i]
+		var qr questionReported
+		if i < len(rep.q) {
+			qr = rep.q[i]
+		}
+		path := "questions." + q.Name
+		if q.Name == "" {
+			path = "questions"
+			probs.add(path, "question name must not be blank")
+		} else if _, dup := names[q.Name]; dup {
+			probs.add(path, "duplicate question name (names are compared after trimming)")
+		}
+		names[q.Name] = struct{}{}
+		if !qr.typ && q.Type != TypeChoice && q.Type != TypeNoul && q.Type != TypeScore {
+			probs.add(path+".type", fmt.Sprintf("must be one of choice, noul, score, got %q", q.Type))
+			qr.criteria = true
+		}
+		if !qr.instructions {
+			validateContent(q.Instructions, path+".instructions", probs)
+		}
+		if !qr.criteria {
+			validateCriteria(q, path+".criteria", probs)
+		}
+	}
+	for i := range req.Images {
+		if i < len(rep.images) && rep.images[i] {
+			continue
+		}
+		if err := req.Images[i].check(); err != "" {
+			probs.add(fmt.Sprintf("images[%d]", i), err)
+		}
+	}
+}
+
+// validateContent checks state or instructions: a non-blank string, an object or an array.
+func validateContent(raw []byte, path string, probs *problemList) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		probs.add(path, "required")
+		return
+	}
+	switch raw[0] {
+	case '{', '[':
+	case '"':
+		if isBlankJSONString(raw) {
+			probs.add(path, "must not be blank")
+		}
+	default:
+		p := parser{data: raw}
+		probs.add(path, "must be a non-blank string, an object or an array, got "+kindName(p.kind()))
+	}
+}
+
+func validateCriteria(q *Question, path string, probs *problemList) {
+	switch q.Type {
+	case TypeChoice:
+		if n := len(q.Options); n < MinOptions || n > MaxOptions {
+			probs.add(path, fmt.Sprintf("must have %d–%d options, got %d", MinOptions, MaxOptions, n))
+		}
+		for i, o := range q.Options {
+			if o.Key == "" {
+				probs.add(path, "option key must not be blank")
+				continue
+			}
+			for _, prev := range q.Options[:i] {
+				if prev.Key == o.Key {
+					probs.add(path+"."+o.Key, "duplicate option key (keys are compared after trimming)")
+					break
+				}
+			}
+		}
+	case TypeNoul:
+		for i, o := range q.Options {
+			if o.Key != "true" && o.Key != "false" {
+				probs.add(path+"."+o.Key, `unknown key; a noul question's criteria may only hold "true" and "false"`)
+				continue
+			}
+			if o.Description == nil {
+				probs.add(path+"."+o.Key, "must be a string, got null")
+			}
+			for _, prev := range q.Options[:i] {
+				if prev.Key == o.Key {
+					probs.add(path+"."+o.Key, "duplicate key")
+					break
+				}
+			}
+		}
+	case TypeScore:
+		if n := len(q.Levels); n < MinLevels || n > MaxLevels {
+			probs.add(path, fmt.Sprintf("must have %d–%d levels, got %d", MinLevels, MaxLevels, n))
+		}
+	}
+}
+
+// Image magic numbers: what the bytes must start with once decoded.
+var (
+	magicPNG  = []byte("\x89PNG\r\n\x1a\n")
+	magicJPEG = []byte{0xFF, 0xD8, 0xFF}
+)
+
+func isImage(head []byte) bool {
+	return bytes.HasPrefix(head, magicPNG) || bytes.HasPrefix(head, magicJPEG) ||
+		(len(head) >= 12 && string(head[:4]) == "RIFF" && string(head[8:12]) == "WEBP")
+}
+
+// check validates the image's base64 and content type and fills SHA256 and Bytes, returning a
+// problem message or "". It decodes in a stream: a 24 MiB image costs a few KiB.
+func (im *Image) check() string {
+	if im.Data == "" {
+		if im.SHA256 != "" {
+			return "holds a redacted reference, not image data"
+		}
+		return "must not be empty"
+	}
+	if len(im.Data) >= 5 && strings.EqualFold(im.Data[:5], "data:") {
+		return "must be raw base64, not a data: URL"
+	}
+	dec := base64.NewDecoder(base64.StdEncoding, strings.NewReader(im.Data))
+	var head [12]byte
+	n, err := io.ReadFull(dec, head[:])
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return "is not valid base64: " + err.Error()
+	}
+	if !isImage(head[:n]) {
+		return "must be a PNG, JPEG or WebP image (its first bytes match none)"
+	}
+	h := sha256.New()
+	h.Write(head[:n])
+	rest, err := io.Copy(h, dec)
+	if err != nil {
+		return "is not valid base64: " + err.Error()
+	}
+	im.SHA256 = hex.EncodeToString(h.Sum(nil))
+	im.Bytes = n + int(rest)
+	return ""
+}

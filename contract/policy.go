@@ -1,0 +1,219 @@
+package contract
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Config is the server's request policy as operators set it (SPEC §7).
+type Config struct {
+	// Model is the default model for requests that name none; it is always allowed.
+	Model string `env:"SYS1_MODEL" envDefault:"nimble"`
+	// AllowedModels are further models callers may name (comma list).
+	AllowedModels []string `env:"SYS1_ALLOWED_MODELS" envSeparator:","`
+	// KeepAlive is sent upstream as keep_alive: unset means the server default, all digits a
+	// number of seconds, anything else a Go duration such as "5m" (negative: keep forever).
+	KeepAlive string `env:"SYS1_KEEP_ALIVE"`
+}
+
+// Validate returns one error per bad variable, each naming it.
+func (c *Config) Validate() []error {
+	var errs []error
+	if strings.TrimSpace(c.Model) == "" {
+		errs = append(errs, fmt.Errorf("SYS1_MODEL: must not be blank"))
+	}
+	for i, m := range c.AllowedModels {
+		if strings.TrimSpace(m) == "" && len(c.AllowedModels) > 1 {
+			errs = append(errs, fmt.Errorf("SYS1_ALLOWED_MODELS: entry %d is blank", i+1))
+		}
+	}
+	if err := checkKeepAlive(strings.TrimSpace(c.KeepAlive)); err != nil {
+		errs = append(errs, fmt.Errorf("SYS1_KEEP_ALIVE: %w", err))
+	}
+	return errs
+}
+
+func checkKeepAlive(v string) error {
+	if v == "" || isDigits(v) {
+		return nil
+	}
+	if _, err := time.ParseDuration(v); err != nil {
+		return fmt.Errorf("%q is neither a number of seconds nor a duration like 5m or 1h30m", v)
+	}
+	return nil
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// Policy returns the resolution policy the configuration describes.
+func (c Config) Policy() Policy {
+	p := Policy{DefaultModel: strings.TrimSpace(c.Model), KeepAlive: strings.TrimSpace(c.KeepAlive)}
+	for _, m := range c.AllowedModels {
+		if m = strings.TrimSpace(m); m != "" {
+			p.AllowedModels = append(p.AllowedModels, m)
+		}
+	}
+	return p
+}
+
+// Policy is the server's resolution policy (SYS1_MODEL, SYS1_ALLOWED_MODELS, SYS1_KEEP_ALIVE).
+type Policy struct {
+	DefaultModel  string
+	AllowedModels []string
+	KeepAlive     string
+}
+
+// Allowed returns the allow-list: DefaultModel first, then AllowedModels without repeats.
+func (p Policy) Allowed() []string {
+	out := make([]string, 0, 1+len(p.AllowedModels))
+	if p.DefaultModel != "" {
+		out = append(out, p.DefaultModel)
+	}
+	for _, m := range p.AllowedModels {
+		dup := false
+		for _, o := range out {
+			if o == m {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (p Policy) allows(model string) bool {
+	if model == p.DefaultModel {
+		return true
+	}
+	for _, m := range p.AllowedModels {
+		if m == model {
+			return true
+		}
+	}
+	return false
+}
+
+// keepAliveJSON is the keep_alive value sent upstream: nil (omit), a number of seconds, or a
+// duration string.
+func (p Policy) keepAliveJSON() []byte {
+	v := strings.TrimSpace(p.KeepAlive)
+	switch {
+	case v == "":
+		return nil
+	case isDigits(v):
+		// JSON numbers carry no leading zeros.
+		if v = strings.TrimLeft(v, "0"); v == "" {
+			v = "0"
+		}
+		return []byte(v)
+	default:
+		return appendString(nil, v)
+	}
+}
+
+// Resolve applies the policy to a decoded request and returns a resolved copy; req is never
+// modified (the copy shares questions and images, which nothing modifies). Every path that
+// sends a request upstream uses it: the model defaults to DefaultModel and must be in the
+// allow-list (SYS1_MODEL_NOT_ALLOWED names the allowed models), keep_alive is the policy's,
+// never the caller's, and the serialized body must fit: 65,536 bytes without images, or
+// 32 MiB with images whose text part still fits in 64 KiB (SYS1_REQUEST_TOO_LARGE).
+func (p Policy) Resolve(req *Request) (*Request, *Error) {
+	out := *req
+	out.Model = strings.TrimSpace(out.Model)
+	if out.Model == "" {
+		out.Model = p.DefaultModel
+	}
+	if out.Model == "" {
+		return nil, Errorf(CodeModelNotAllowed, "no model requested and no default model configured")
+	}
+	if !p.allows(out.Model) {
+		return nil, Errorf(CodeModelNotAllowed, "model %q is not allowed; allowed models: %s",
+			out.Model, strings.Join(p.Allowed(), ", "))
+	}
+	out.KeepAlive = p.keepAliveJSON()
+	if err := checkSize(&out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// checkSize bounds the serialized request without building the image part: its size is
+// computed from the image lengths.
+func checkSize(r *Request) *Error {
+	text := len(r.appendText(make([]byte, 0, r.sizeHint()), true))
+	if len(r.KeepAlive) > 0 {
+		text += len(`,"keep_alive":`) + len(r.KeepAlive)
+	}
+	if len(r.Images) == 0 {
+		if text > MaxTextBytes {
+			return Errorf(CodeRequestTooLarge, "request is %d bytes serialized; the limit without images is %d", text, MaxTextBytes)
+		}
+		return nil
+	}
+	if text > MaxTextBytes {
+		return Errorf(CodeRequestTooLarge, "request text (without images) is %d bytes serialized; the limit is %d", text, MaxTextBytes)
+	}
+	total := text + len(`,"images":[]`)
+	for i := range r.Images {
+		im := &r.Images[i]
+		if im.Data != "" {
+			total += len(im.Data) + 2 // base64 needs no escaping
+		} else {
+			total += len(im.Ref().appendJSON(nil))
+		}
+		if i > 0 {
+			total++
+		}
+	}
+	if total > MaxImageRequestBytes {
+		return Errorf(CodeRequestTooLarge, "request is %d bytes serialized; the limit with images is %d", total, MaxImageRequestBytes)
+	}
+	return nil
+}
+
+// Redact returns the storable form of req: a copy whose images hold only their SHA256 and
+// Bytes (encoded as {"sha256": hex, "bytes": n}) and without keep_alive (server policy, not
+// part of what the caller asked). req is never modified. Images not yet hashed are hashed here.
+func Redact(req *Request) *Request {
+	if req == nil {
+		return nil
+	}
+	out := *req
+	out.KeepAlive = nil
+	if len(req.Images) > 0 {
+		out.Images = make([]Image, len(req.Images))
+		for i, im := range req.Images {
+			if im.Data != "" && im.SHA256 == "" {
+				im.check() // a Go-built request that skipped validation; hash what is there
+			}
+			out.Images[i] = Image{SHA256: im.SHA256, Bytes: im.Bytes}
+		}
+	}
+	return &out
+}
+
+// ImageRefs returns the stored identities of the request's images, in order.
+func (r *Request) ImageRefs() []ImageRef {
+	if len(r.Images) == 0 {
+		return nil
+	}
+	out := make([]ImageRef, len(r.Images))
+	for i, im := range r.Images {
+		out[i] = im.Ref()
+	}
+	return out
+}

@@ -1,0 +1,53 @@
+package contract
+
+import "strings"
+
+// Problem is one way a document breaks the contract, at a path such as
+// "questions.label.criteria" or "images[0]".
+type Problem struct {
+	Path    string
+	Message string
+}
+
+func (p Problem) String() string {
+	if p.Path == "" {
+		return p.Message
+	}
+	return p.Path + ": " + p.Message
+}
+
+// Problems is every problem found in one document, in document order. It is the cause
+// (Error.Err) of a SYS1_INVALID_INPUT or SYS1_UPSTREAM_ERROR, so callers can list them with
+// errors.As.
+type Problems []Problem
+
+// Error joins the problems with "; ".
+func (ps Problems) Error() string {
+	var sb strings.Builder
+	for i, p := range ps {
+		if i > 0 {
+			sb.WriteString("; ")
+		}
+		sb.WriteString(p.String())
+	}
+	return sb.String()
+}
+
+// problemList accumulates problems during one decode.
+type problemList struct {
+	list Problems
+}
+
+func (l *problemList) add(path, msg string) {
+	l.list = append(l.list, Problem{Path: path, Message: msg})
+}
+
+// invalidInput builds the SYS1_INVALID_INPUT error listing every problem.
+func invalidInput(ps Problems) *Error {
+	return Wrap(CodeInvalidInput, ps, "invalid request: %s", ps.Error())
+}
+
+// upstreamError builds the SYS1_UPSTREAM_ERROR for an answer that breaks the contract.
+func upstreamError(ps Problems) *Error {
+	return Wrap(CodeUpstreamError, ps, "provider answer breaks the contract: %s", ps.Error())
+}
