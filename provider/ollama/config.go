@@ -1,0 +1,111 @@
+package ollama
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultTimeout is SYS1_TIMEOUT_MS's default.
+const DefaultTimeout = 30 * time.Second
+
+// Config is the adapter's environment. Numbers are kept as strings so that a bad value is
+// reported by Validate with the variable's name (the env library names struct fields).
+type Config struct {
+	// BaseURL is Ollama's base URL, e.g. http://localhost:11434.
+	BaseURL string `env:"SYS1_OLLAMA_BASE_URL"`
+	// APIURL is the fallback used when BaseURL is empty (the seed's variable name).
+	APIURL string `env:"OLLAMA_API_URL"`
+	// APIKey is an optional bearer token for Ollama behind a proxy or ollama.com. Its type
+	// redacts it whenever it is printed.
+	APIKey Secret `env:"SYS1_OLLAMA_API_KEY"`
+	// TimeoutMS bounds one provider call, in milliseconds; empty means 30000.
+	TimeoutMS string `env:"SYS1_TIMEOUT_MS" envDefault:"30000"`
+}
+
+// Secret is a string that never prints: fmt, %+v of a config and JSON all show [REDACTED].
+type Secret string
+
+// String redacts the secret.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return "[REDACTED]"
+}
+
+// GoString redacts the secret for %#v.
+func (s Secret) GoString() string { return `"` + s.String() + `"` }
+
+// MarshalText redacts the secret in encoders (JSON, zerolog's Interface).
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Reveal returns the secret itself, for the Authorization header only.
+func (s Secret) Reveal() string { return string(s) }
+
+// baseURL returns the configured base URL and the variable it came from.
+func (c *Config) baseURL() (raw, variable string) {
+	if v := strings.TrimSpace(c.BaseURL); v != "" {
+		return v, "SYS1_OLLAMA_BASE_URL"
+	}
+	if v := strings.TrimSpace(c.APIURL); v != "" {
+		return v, "OLLAMA_API_URL"
+	}
+	return "", ""
+}
+
+// Validate returns one error per bad variable, each naming it.
+func (c *Config) Validate() []error {
+	var errs []error
+	if _, err := c.parseBaseURL(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.timeout(); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// parseBaseURL checks the base URL. Messages never echo credentials embedded in the URL.
+func (c *Config) parseBaseURL() (*url.URL, error) {
+	raw, variable := c.baseURL()
+	if raw == "" {
+		return nil, fmt.Errorf("SYS1_OLLAMA_BASE_URL: not set (nor OLLAMA_API_URL); set it to Ollama's base URL, e.g. http://localhost:11434")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not a valid URL", variable)
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("%s: %s: scheme must be http or https", variable, displayURL(u))
+	case u.Host == "":
+		return nil, fmt.Errorf("%s: %s: host is missing", variable, displayURL(u))
+	case u.RawQuery != "" || u.Fragment != "":
+		return nil, fmt.Errorf("%s: %s: must not have a query or fragment", variable, displayURL(u))
+	}
+	u.Path = strings.TrimRight(u.Path, "/")
+	u.RawPath = ""
+	return u, nil
+}
+
+// timeout parses SYS1_TIMEOUT_MS.
+func (c *Config) timeout() (time.Duration, error) {
+	v := strings.TrimSpace(c.TimeoutMS)
+	if v == "" {
+		return DefaultTimeout, nil
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms <= 0 || ms > int64(24*time.Hour/time.Millisecond) {
+		return 0, fmt.Errorf("SYS1_TIMEOUT_MS: %q is not a whole number of milliseconds between 1 and 86400000", v)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// displayURL is a URL fit for messages and logs: scheme, host and path only, so credentials
+// in userinfo or query parameters never leak.
+func displayURL(u *url.URL) string {
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+}

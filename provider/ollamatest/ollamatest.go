@@ -1,0 +1,523 @@
+// Package ollamatest is an in-process fake Ollama that enforces the upstream System One
+// contract. Every package that talks to Ollama tests against it instead of a mock.
+//
+// The fake validates requests by Ollama's rules with its own ordered decoder (independent of
+// package contract, so it catches encoding bugs), enforces the 64 KiB / 32 MiB body limits,
+// and answers deterministically from model, state, question names and options (see
+// provider/internal/synth). Faults (error statuses, malformed answers, hangs, dropped
+// connections, latency) are programmable per call or for the next N calls. It counts calls,
+// the calls in flight and the most ever in flight, and records what it received.
+//
+//	srv := ollamatest.New(t)                         // closed on t.Cleanup
+//	srv.Fail(2, ollamatest.Busy(429, "3"))          // the next two calls answer 429
+//	... point the adapter at srv.URL() ...
+//	srv.MaxConcurrent()                              // concurrency bound reached
+package ollamatest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sys1hq/sys1/provider/internal/synth"
+)
+
+// DefaultVersion is the Ollama version the fake reports unless told otherwise.
+const DefaultVersion = "0.40.12"
+
+// DefaultModels are the models the fake has "pulled" unless told otherwise.
+var DefaultModels = []string{"nimble:latest"}
+
+// DefaultRecordLimit is how many requests the fake keeps by default (the most recent ones).
+const DefaultRecordLimit = 4096
+
+// Recorded is one request the fake received.
+type Recorded struct {
+	Method string
+	Path   string
+	Header http.Header
+	Body   []byte
+	At     time.Time
+}
+
+// Field returns a top-level field of the JSON body, raw, and whether it was present.
+func (r Recorded) Field(name string) (json.RawMessage, bool) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(r.Body, &fields); err != nil {
+		return nil, false
+	}
+	v, ok := fields[name]
+	return v, ok
+}
+
+// Question is one question of a recorded request, as the fake decoded it.
+type Question struct {
+	Name string
+	Type string
+	// Keys are choice option keys or score level labels, in the order received.
+	Keys []string
+}
+
+// Questions decodes the recorded body with the fake's ordered decoder and returns its
+// questions in the order they arrived on the wire.
+func (r Recorded) Questions() ([]Question, error) {
+	req, err := decodeRequest(r.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Question, len(req.Questions))
+	for i, q := range req.Questions {
+		out[i] = Question{Name: q.Name, Type: q.Type, Keys: q.Keys}
+	}
+	return out, nil
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithVersion sets the version GET /api/version reports.
+func WithVersion(v string) Option { return func(s *Server) { s.version = v } }
+
+// WithModels sets the models that exist (GET /api/tags, and the ones /v1/systemone accepts).
+// "nimble" and "nimble:latest" name the same model.
+func WithModels(models ...string) Option {
+	return func(s *Server) { s.models = append([]string(nil), models...) }
+}
+
+// WithLatency delays every System One answer by d (honouring the request's context).
+func WithLatency(d time.Duration) Option { return func(s *Server) { s.latency.Store(int64(d)) } }
+
+// WithRecordLimit keeps at most n received requests (the most recent); 0 turns recording off,
+// which benchmarks want.
+func WithRecordLimit(n int) Option { return func(s *Server) { s.recordLimit = n } }
+
+// WithAPIKey makes the fake require "Authorization: Bearer <key>" like Ollama behind an
+// authenticating proxy or ollama.com; other requests get 401.
+func WithAPIKey(key string) Option { return func(s *Server) { s.apiKey = key } }
+
+// Server is a running fake Ollama. All methods are safe for concurrent use.
+type Server struct {
+	ts *httptest.Server
+
+	version     string
+	models      []string
+	apiKey      string
+	recordLimit int
+	latency     atomic.Int64
+
+	mu      sync.Mutex
+	queue   []queuedFault
+	always  *Fault
+	records []Recorded
+
+	calls       atomic.Int64
+	inFlight    atomic.Int64
+	maxInFlight atomic.Int64
+
+	done      chan struct{} // closed by Close: releases hanging handlers
+	closeOnce sync.Once
+}
+
+type queuedFault struct {
+	left  int
+	fault Fault
+}
+
+// New starts a fake Ollama for a test or benchmark and closes it when tb ends.
+func New(tb testing.TB, opts ...Option) *Server {
+	tb.Helper()
+	s := NewServer(opts...)
+	tb.Cleanup(s.Close)
+	return s
+}
+
+// NewServer starts a fake Ollama outside a test (the bench command runs one in-process).
+// The caller must Close it.
+func NewServer(opts ...Option) *Server {
+	s := &Server{
+		version:     DefaultVersion,
+		models:      append([]string(nil), DefaultModels...),
+		recordLimit: DefaultRecordLimit,
+		done:        make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/systemone", s.handleSystemOne)
+	mux.HandleFunc("GET /api/version", s.handleVersion)
+	mux.HandleFunc("GET /api/tags", s.handleTags)
+	s.ts = httptest.NewServer(s.authenticate(mux))
+	return s
+}
+
+// URL is the base URL (http://127.0.0.1:port), what SYS1_OLLAMA_BASE_URL would hold.
+func (s *Server) URL() string { return s.ts.URL }
+
+// Close stops the server, first releasing any hanging handlers. It is idempotent.
+func (s *Server) Close() {
+	s.closeOnce.Do(func() {
+		close(s.done)
+		s.ts.Close()
+	})
+}
+
+// Calls is the number of POST /v1/systemone requests received.
+func (s *Server) Calls() int64 { return s.calls.Load() }
+
+// InFlight is the number of System One calls being answered right now.
+func (s *Server) InFlight() int64 { return s.inFlight.Load() }
+
+// MaxConcurrent is the largest number of System One calls ever in flight at once.
+func (s *Server) MaxConcurrent() int64 { return s.maxInFlight.Load() }
+
+// SetLatency changes the delay of every later System One answer.
+func (s *Server) SetLatency(d time.Duration) { s.latency.Store(int64(d)) }
+
+// SetVersion changes what GET /api/version reports.
+func (s *Server) SetVersion(v string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.version = v
+}
+
+// SetModels changes the models that exist.
+func (s *Server) SetModels(models ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.models = append([]string(nil), models...)
+}
+
+// Fail makes the next n System One calls answer with fault (after any faults queued before).
+func (s *Server) Fail(n int, fault Fault) {
+	if n <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queue = append(s.queue, queuedFault{left: n, fault: fault})
+}
+
+// FailAlways makes every System One call without a queued fault answer with fault.
+func (s *Server) FailAlways(fault Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.always = &fault
+}
+
+// Heal removes every queued and permanent fault.
+func (s *Server) Heal() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queue = nil
+	s.always = nil
+}
+
+// Requests returns copies of the recorded requests, oldest first.
+func (s *Server) Requests() []Recorded {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Recorded(nil), s.records...)
+}
+
+// SystemOneRequests returns the recorded POST /v1/systemone requests, oldest first.
+func (s *Server) SystemOneRequests() []Recorded {
+	var out []Recorded
+	for _, r := range s.Requests() {
+		if r.Path == "/v1/systemone" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// ResetStats zeroes the counters (not the in-flight gauge) and forgets recorded requests.
+func (s *Server) ResetStats() {
+	s.calls.Store(0)
+	s.maxInFlight.Store(s.inFlight.Load())
+	s.mu.Lock()
+	s.records = nil
+	s.mu.Unlock()
+}
+
+func (s *Server) nextFault() (Fault, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.queue) > 0 {
+		f := s.queue[0].fault
+		s.queue[0].left--
+		if s.queue[0].left == 0 {
+			s.queue = s.queue[1:]
+		}
+		return f, true
+	}
+	if s.always != nil {
+		return *s.always, true
+	}
+	return Fault{}, false
+}
+
+func (s *Server) record(r *http.Request, body []byte) {
+	if s.recordLimit <= 0 {
+		return
+	}
+	rec := Recorded{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body, At: time.Now()}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.records) >= s.recordLimit {
+		// drop the oldest; copy down so the backing array does not grow without bound
+		n := copy(s.records, s.records[1:])
+		s.records = s.records[:n]
+	}
+	s.records = append(s.records, rec)
+}
+
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.apiKey != "" && r.Header.Get("Authorization") != "Bearer "+s.apiKey {
+			if r.URL.Path != "/v1/systemone" {
+				s.record(r, nil)
+			}
+			writeError(w, http.StatusUnauthorized, "unauthorized")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) handleVersion(w http.ResponseWriter, r *http.Request) {
+	s.record(r, nil)
+	s.mu.Lock()
+	v := s.version
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]string{"version": v})
+}
+
+type tagModel struct {
+	Name       string    `json:"name"`
+	Model      string    `json:"model"`
+	ModifiedAt time.Time `json:"modified_at"`
+	Size       int64     `json:"size"`
+	Digest     string    `json:"digest"`
+}
+
+func (s *Server) handleTags(w http.ResponseWriter, r *http.Request) {
+	s.record(r, nil)
+	s.mu.Lock()
+	models := append([]string(nil), s.models...)
+	s.mu.Unlock()
+	out := struct {
+		Models []tagModel `json:"models"`
+	}{Models: []tagModel{}}
+	for i, m := range models {
+		out.Models = append(out.Models, tagModel{
+			Name: m, Model: m, ModifiedAt: time.Unix(1767225600, 0).UTC(),
+			Size: 1 << 30, Digest: fmt.Sprintf("%064x", i+1),
+		})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// canonicalModel gives an untagged model name the implicit ":latest" tag, as Ollama does.
+func canonicalModel(name string) string {
+	name = strings.TrimSpace(name)
+	if i := strings.LastIndexByte(name, '/'); i >= 0 {
+		if !strings.Contains(name[i+1:], ":") {
+			return name + ":latest"
+		}
+		return name
+	}
+	if !strings.Contains(name, ":") {
+		return name + ":latest"
+	}
+	return name
+}
+
+func (s *Server) hasModel(name string) bool {
+	want := canonicalModel(name)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range s.models {
+		if canonicalModel(m) == want {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
+	s.calls.Add(1)
+	cur := s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+	for {
+		old := s.maxInFlight.Load()
+		if cur <= old || s.maxInFlight.CompareAndSwap(old, cur) {
+			break
+		}
+	}
+
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyWithImages+1))
+	if err != nil {
+		return // the client went away mid-body
+	}
+	s.record(r, body)
+
+	fault, faulty := s.nextFault()
+	if !s.wait(w, r, time.Duration(s.latency.Load())+fault.Delay) {
+		return
+	}
+	if faulty {
+		switch {
+		case fault.Hang:
+			select {
+			case <-r.Context().Done():
+			case <-s.done:
+				dropConnection(w) // a hung call ends as a broken connection, never as a 200
+			}
+			return
+		case fault.Drop:
+			dropConnection(w)
+			return
+		case fault.Status != 0:
+			writeFault(w, fault)
+			return
+		}
+	}
+
+	if len(body) > MaxBodyWithImages {
+		writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
+		return
+	}
+	req, err := decodeRequest(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if req.Images == 0 && len(body) > MaxBodyNoImages {
+		writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
+		return
+	}
+	if !s.hasModel(req.Model) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("model '%s' not found", req.Model))
+		return
+	}
+
+	if faulty && fault.Malformed == MalformedNotJSON {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "<html><body>502 Bad Gateway</body></html>")
+		return
+	}
+	tokens := int64(len(body) / 4)
+	if tokens < 1 {
+		tokens = 1
+	}
+	out := synth.Append(make([]byte, 0, 256+len(req.Questions)*256), synth.Response{
+		Model:        req.Model,
+		State:        req.State,
+		Questions:    req.Questions,
+		InputTokens:  tokens,
+		OutputTokens: 1,
+		Corrupt:      fault.Malformed.corruption(),
+	})
+	if faulty && fault.Malformed == MalformedTruncated {
+		out = out[:len(out)/2]
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out)
+}
+
+// wait sleeps for d unless the request or the server ends first; it reports whether to go on.
+// A server closing mid-wait drops the connection so the client never reads an empty 200.
+func (s *Server) wait(w http.ResponseWriter, r *http.Request, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	case <-s.done:
+		dropConnection(w)
+		return false
+	}
+}
+
+func dropConnection(w http.ResponseWriter) {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		panic("ollamatest: response writer cannot hijack") // httptest's HTTP/1.1 server always can
+	}
+	conn, _, err := hj.Hijack()
+	if err != nil {
+		return
+	}
+	_ = conn.Close()
+}
+
+func writeFault(w http.ResponseWriter, f Fault) {
+	for k, vs := range f.Header {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	if f.RetryAfter != "" {
+		w.Header().Set("Retry-After", f.RetryAfter)
+	}
+	if f.Body != "" {
+		ct := f.ContentType
+		if ct == "" {
+			ct = "application/json; charset=utf-8"
+		}
+		w.Header().Set("Content-Type", ct)
+		w.Header().Set("Content-Length", strconv.Itoa(len(f.Body)))
+		w.WriteHeader(f.Status)
+		_, _ = io.WriteString(w, f.Body)
+		return
+	}
+	writeError(w, f.Status, defaultMessage(f.Status))
+}
+
+func defaultMessage(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return "input length exceeds the model's context length"
+	case http.StatusNotFound:
+		return "model not found, try pulling it first"
+	case http.StatusRequestEntityTooLarge:
+		return "request body too large"
+	case http.StatusTooManyRequests:
+		return "server busy, please try again. maximum pending requests exceeded"
+	case http.StatusServiceUnavailable:
+		return "server overloaded, please retry"
+	}
+	return strings.ToLower(http.StatusText(status))
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only fixed shapes are written
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
