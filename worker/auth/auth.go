@@ -1,0 +1,110 @@
+// Package auth derives the verified caller of a request (SYS1_AUTH_MODE none, subject or jwt)
+// and applies the access policy: the caller must hold an allowed role or scope.
+//
+// The caller comes only from a verified source: the NATS subject (made unforgeable by the
+// server's per-user publish permissions, see deploy/nats) or a signature-checked JWT. The body
+// and every other header are never read, so a request claiming "administrator" in its body or
+// in an X-Caller header changes nothing.
+//
+// Nothing secret leaves this package: Identity carries no token, and error messages say what is
+// wrong ("token expired", "audience mismatch") without quoting the token or any claim value
+// other than the verified caller.
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+// Identity is a verified caller. It holds no credential, so it may be logged and recorded whole.
+type Identity struct {
+	// Caller is "anonymous" (mode none), the subject token after sys1.decide. (mode subject), or
+	// the token's sub claim (mode jwt).
+	Caller string
+	// Kind is contract.CallerKindAnonymous, CallerKindSubject or CallerKindJWT.
+	Kind string
+	// Roles and Scopes are the verified roles and scopes of a JWT caller; nil otherwise.
+	Roles  []string
+	Scopes []string
+	// Subject is the NATS subject the request arrived on.
+	Subject string
+}
+
+// Authenticator derives and authorises the caller of one request.
+type Authenticator interface {
+	// Authenticate derives the caller ONLY from the verified source (the subject, or the
+	// Authorization header in jwt mode); the body and other headers are ignored. It returns a
+	// SYS1_UNAUTHENTICATED error for missing or invalid credentials and SYS1_FORBIDDEN for a
+	// verified caller without an allowed role or scope. Safe for concurrent use.
+	Authenticate(ctx context.Context, subject string, header nats.Header) (Identity, *contract.Error)
+	// Mode is none, subject or jwt.
+	Mode() string
+}
+
+// AnonymousCaller is the caller of every request in mode none.
+const AnonymousCaller = "anonymous"
+
+// New builds the Authenticator of cfg. In jwt mode with a JWKS it loads the key set once (an
+// unreachable or empty JWKS is a start-up error) and refreshes it in the background until ctx
+// ends. Mode none logs a warning: every request is accepted and attributed to "anonymous".
+func New(ctx context.Context, cfg Config, log zerolog.Logger) (Authenticator, error) {
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return nil, fmt.Errorf("auth configuration: %w", errors.Join(errs...))
+	}
+	log = log.With().Str("auth_mode", cfg.Mode).Logger()
+	if cfg.Mode != ModeJWT && (cfg.JWKSFile != "" || cfg.JWKSURL != "" || cfg.HS256Secret != "") {
+		log.Warn().Msg("SYS1_JWT_* key settings are ignored: SYS1_AUTH_MODE is not jwt")
+	}
+	switch cfg.Mode {
+	case ModeNone:
+		log.Warn().Msg("SYS1_AUTH_MODE=none is for development only: every request is accepted and attributed to caller \"anonymous\"")
+		return noneAuth{}, nil
+	case ModeSubject:
+		log.Info().Str("caller_from", topology.DecidePrefix+"<caller>").
+			Msg("callers are taken from the request subject; the NATS server's per-user publish permissions must make it unforgeable (see deploy/nats)")
+		return subjectAuth{}, nil
+	default:
+		return newJWTAuth(ctx, cfg, log)
+	}
+}
+
+type noneAuth struct{}
+
+func (noneAuth) Mode() string { return ModeNone }
+
+func (noneAuth) Authenticate(_ context.Context, subject string, _ nats.Header) (Identity, *contract.Error) {
+	return Identity{Caller: AnonymousCaller, Kind: contract.CallerKindAnonymous, Subject: subject}, nil
+}
+
+type subjectAuth struct{}
+
+func (subjectAuth) Mode() string { return ModeSubject }
+
+func (subjectAuth) Authenticate(_ context.Context, subject string, _ nats.Header) (Identity, *contract.Error) {
+	caller, err := CallerFromSubject(subject)
+	if err != nil {
+		return Identity{}, contract.Errorf(contract.CodeUnauthenticated, "%v", err)
+	}
+	return Identity{Caller: caller, Kind: contract.CallerKindSubject, Subject: subject}, nil
+}
+
+// CallerFromSubject returns the caller token of sys1.decide.<caller>[.<more>].
+func CallerFromSubject(subject string) (string, error) {
+	rest, ok := strings.CutPrefix(subject, topology.DecidePrefix)
+	if !ok {
+		return "", fmt.Errorf("subject %q is not under %s<caller>", subject, topology.DecidePrefix)
+	}
+	caller, _, _ := strings.Cut(rest, ".")
+	if caller == "" || caller == "*" || caller == ">" || strings.ContainsAny(caller, " \t\r\n") {
+		return "", fmt.Errorf("subject %q has no caller token after %s", subject, topology.DecidePrefix)
+	}
+	return caller, nil
+}
