@@ -225,10 +225,19 @@ func (im *Image) check() string {
 		return "must be raw base64, not a data: URL"
 	}
 	dec := base64.NewDecoder(base64.StdEncoding, strings.NewReader(im.Data))
+	// Read the head by hand: io.ReadFull would mask the decoder's io.ErrUnexpectedEOF, which
+	// is how it reports base64 whose length is not a multiple of 4.
 	var head [12]byte
-	n, err := io.ReadFull(dec, head[:])
-	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
-		return "is not valid base64: " + err.Error()
+	n := 0
+	for n < len(head) {
+		m, err := dec.Read(head[n:])
+		n += m
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return base64Problem(err)
+		}
 	}
 	if !isImage(head[:n]) {
 		return "must be a PNG, JPEG or WebP image (its first bytes match none)"
@@ -237,9 +246,16 @@ func (im *Image) check() string {
 	h.Write(head[:n])
 	rest, err := io.Copy(h, dec)
 	if err != nil {
-		return "is not valid base64: " + err.Error()
+		return base64Problem(err)
 	}
 	im.SHA256 = hex.EncodeToString(h.Sum(nil))
 	im.Bytes = n + int(rest)
 	return ""
+}
+
+func base64Problem(err error) string {
+	if err == io.ErrUnexpectedEOF {
+		return "is not valid base64: truncated (its length is not a multiple of 4)"
+	}
+	return "is not valid base64: " + err.Error()
 }

@@ -514,6 +514,9 @@ func (d *requestDecoder) options(q *Question, path string, noul bool) error {
 				}
 				d.probs.add(path+"."+rawKey, want+kindName(k))
 			}
+			if noul && d.strict {
+				return d.skipQuiet() // reported; validation must not see it again
+			}
 			if err := d.skipQuiet(); err != nil {
 				return err
 			}

@@ -92,7 +92,7 @@ func (d *responseDecoder) decode() (*Response, error) {
 	var found []Answer // arrival order; reordered below
 	var foundIdx []int
 	seenTop := map[string]bool{}
-	answersSeen := false
+	answersSeen, answersBad := false, false
 	err := d.p.object(func(key []byte) error {
 		k := string(key)
 		if seenTop[k] {
@@ -113,6 +113,7 @@ func (d *responseDecoder) decode() (*Response, error) {
 			answersSeen = true
 			if kd := d.p.kind(); kd != kindObject {
 				d.probs.add("answers", "must be an object of named answers, got "+kindName(kd))
+				answersBad = true
 				return d.skipQuiet()
 			}
 			return d.p.object(func(key []byte) error {
@@ -167,7 +168,7 @@ func (d *responseDecoder) decode() (*Response, error) {
 		have[qi] = true
 	}
 	for i, ok := range have {
-		if !ok {
+		if !ok && !answersBad {
 			d.probs.add("answers."+d.req.Questions[i].Name, "missing: the request asked this question")
 		}
 	}
