@@ -24,7 +24,8 @@ func (c *Config) Validate() []error {
 		errs = append(errs, fmt.Errorf("SYS1_MODEL: must not be blank"))
 	}
 	for i, m := range c.AllowedModels {
-		if strings.TrimSpace(m) == "" && len(c.AllowedModels) > 1 {
+		// A trailing comma is harmless; a blank entry in the middle is likely a typo.
+		if strings.TrimSpace(m) == "" && i < len(c.AllowedModels)-1 {
 			errs = append(errs, fmt.Errorf("SYS1_ALLOWED_MODELS: entry %d is blank", i+1))
 		}
 	}
