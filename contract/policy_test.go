@@ -23,7 +23,7 @@ func TestResolveModel(t *testing.T) {
 	pol := Policy{DefaultModel: "nimble", AllowedModels: []string{"clef:cloud", "nimble"}}
 	tests := []struct {
 		name, model, want string
-		code               Code
+		code              Code
 	}{
 		{"default applied", "", "nimble", ""},
 		{"default allowed by name", "nimble", "nimble", ""},
