@@ -1,0 +1,34 @@
+package contract
+
+import (
+	"embed"
+	"fmt"
+	"strings"
+)
+
+// The JSON Schemas (draft 2020-12) of what the world sees: the request producers publish, the
+// reply they get, and the run record analysts query. `sys1 schema` prints them.
+//
+//go:embed schema/*.schema.json
+var schemaFS embed.FS
+
+var schemaNames = []string{"request", "reply", "record"}
+
+// SchemaNames returns the names Schema accepts, in documentation order.
+func SchemaNames() []string { return append([]string(nil), schemaNames...) }
+
+// Schema returns the JSON Schema called name ("request", "reply" or "record").
+func Schema(name string) ([]byte, error) {
+	for _, n := range schemaNames {
+		if n == name {
+			return schemaFS.ReadFile("schema/" + name + ".schema.json")
+		}
+	}
+	return nil, fmt.Errorf("contract: no schema %q (known: %s)", name, strings.Join(schemaNames, ", "))
+}
+
+// SchemaID returns the $id of the schema called name; the record and reply schemas refer to
+// the others by these ids.
+func SchemaID(name string) string {
+	return "https://github.com/sys1hq/sys1/contract/schema/" + name + ".schema.json"
+}
