@@ -162,6 +162,9 @@ func (c *Client) Evaluate(ctx context.Context, req *contract.Request) (*contract
 	if c == nil || c.endpoint == "" {
 		return nil, contract.Errorf(contract.CodeNotConfigured, "the ollama provider is not configured: set SYS1_OLLAMA_BASE_URL or OLLAMA_API_URL")
 	}
+	if req == nil {
+		return nil, contract.Errorf(contract.CodeInternal, "ollama: Evaluate called without a request")
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("ollama: evaluate abandoned by the caller: %w", err)
 	}

@@ -508,3 +508,33 @@ func BenchmarkEvaluate(b *testing.B) {
 		}
 	}
 }
+
+// The keep-alive pool is sized to the worker's concurrency: rounds of concurrent calls reuse
+// the same connections instead of opening new ones (Go's default keeps only 2 idle per host).
+func TestKeepAlivePoolReusesConnections(t *testing.T) {
+	const concurrency = 8
+	srv := ollamatest.New(t, ollamatest.WithRecordLimit(0), ollamatest.WithLatency(20*time.Millisecond))
+	c := newClient(t, srv.URL(), ollama.Config{}, ollama.WithMaxConns(concurrency))
+	req := resolved(t, ordered, "")
+	const rounds = 4
+	for r := 0; r < rounds; r++ {
+		done := make(chan error, concurrency)
+		for i := 0; i < concurrency; i++ {
+			go func() {
+				_, err := c.Evaluate(context.Background(), req)
+				done <- err
+			}()
+		}
+		for i := 0; i < concurrency; i++ {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if opened := srv.Connections(); opened > concurrency {
+		t.Fatalf("%d connections opened for %d×%d calls: the idle pool does not hold the concurrency", opened, rounds, concurrency)
+	}
+	if srv.Calls() != rounds*concurrency || srv.MaxConcurrent() > concurrency {
+		t.Fatalf("calls %d, max concurrent %d", srv.Calls(), srv.MaxConcurrent())
+	}
+}

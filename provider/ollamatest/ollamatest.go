@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -119,6 +120,7 @@ type Server struct {
 	records []Recorded
 
 	calls       atomic.Int64
+	conns       atomic.Int64
 	inFlight    atomic.Int64
 	maxInFlight atomic.Int64
 
@@ -155,7 +157,13 @@ func NewServer(opts ...Option) *Server {
 	mux.HandleFunc("POST /v1/systemone", s.handleSystemOne)
 	mux.HandleFunc("GET /api/version", s.handleVersion)
 	mux.HandleFunc("GET /api/tags", s.handleTags)
-	s.ts = httptest.NewServer(s.authenticate(mux))
+	s.ts = httptest.NewUnstartedServer(s.authenticate(mux))
+	s.ts.Config.ConnState = func(_ net.Conn, state http.ConnState) {
+		if state == http.StateNew {
+			s.conns.Add(1)
+		}
+	}
+	s.ts.Start()
 	return s
 }
 
@@ -172,6 +180,10 @@ func (s *Server) Close() {
 
 // Calls is the number of POST /v1/systemone requests received.
 func (s *Server) Calls() int64 { return s.calls.Load() }
+
+// Connections is the number of TCP connections clients opened; with keep-alive working it
+// stays at the client's concurrency however many calls are made.
+func (s *Server) Connections() int64 { return s.conns.Load() }
 
 // InFlight is the number of System One calls being answered right now.
 func (s *Server) InFlight() int64 { return s.inFlight.Load() }
