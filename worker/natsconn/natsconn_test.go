@@ -324,7 +324,6 @@ func TestEmbeddedServer(t *testing.T) {
 	}
 }
 
-
 func TestEmbeddedServerWithPassword(t *testing.T) {
 	const password = "embedded-secret-value"
 	var logs syncBuffer
