@@ -108,3 +108,45 @@ func CallerFromSubject(subject string) (string, error) {
 	}
 	return caller, nil
 }
+
+// inboxPrefix is the NATS request-reply inbox namespace (nats.go's default and the per-user
+// _INBOX.<user> prefixes of deploy/nats).
+const inboxPrefix = "_INBOX."
+
+// CheckReplyTo applies the reply-subject policy to a request's Sys1-Reply-To (empty: no reply).
+// The worker publishes to it with its own permissions, so an unchecked value would make it a
+// confused deputy: a reply into sys1.runs.> forges a run record, one into sys1.decide.> a
+// request. Only inboxes (_INBOX.…) and durable replies (sys1.replies.…) are accepted, and in
+// subject mode durable replies must stay under the caller's own sys1.replies.<caller>.
+// Errors: SYS1_INVALID_INPUT for a subject outside those namespaces, SYS1_FORBIDDEN for another
+// caller's reply namespace.
+func CheckReplyTo(id Identity, replyTo string) *contract.Error {
+	if replyTo == "" {
+		return nil
+	}
+	if len(replyTo) > 512 || strings.ContainsAny(replyTo, "*> \t\r\n") || strings.HasSuffix(replyTo, ".") || strings.Contains(replyTo, "..") {
+		return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: %q is not a valid reply subject (no wildcards, spaces or empty tokens; at most 512 bytes)", truncate(replyTo, 64))
+	}
+	switch {
+	case strings.HasPrefix(replyTo, inboxPrefix):
+		return nil
+	case strings.HasPrefix(replyTo, topology.RepliesPrefix):
+		if id.Kind != contract.CallerKindSubject {
+			return nil
+		}
+		own := topology.RepliesPrefix + id.Caller
+		if replyTo == own || strings.HasPrefix(replyTo, own+".") {
+			return nil
+		}
+		return contract.Errorf(contract.CodeForbidden, "Sys1-Reply-To: %q is outside the caller's reply subjects %s.>", replyTo, own)
+	default:
+		return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: %q must start with %s or %s", truncate(replyTo, 64), inboxPrefix, topology.RepliesPrefix)
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -519,3 +519,43 @@ func mustJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+func TestCheckReplyTo(t *testing.T) {
+	subj := Identity{Caller: "svc-a", Kind: contract.CallerKindSubject, Subject: "sys1.decide.svc-a"}
+	jwtID := Identity{Caller: "user@example.com", Kind: contract.CallerKindJWT}
+	anon := Identity{Caller: AnonymousCaller, Kind: contract.CallerKindAnonymous}
+	tests := []struct {
+		id      Identity
+		replyTo string
+		code    contract.Code
+	}{
+		{subj, "", ""},
+		{subj, "_INBOX.svc-a.abc", ""},
+		{subj, "_INBOX.abc", ""},
+		{subj, "sys1.replies.svc-a", ""},
+		{subj, "sys1.replies.svc-a.run-1", ""},
+		{subj, "sys1.replies.svc-b.run-1", contract.CodeForbidden},
+		{subj, "sys1.replies.svc-ab.run-1", contract.CodeForbidden},
+		{jwtID, "sys1.replies.anything.run-1", ""},
+		{anon, "_INBOX.x", ""},
+		{subj, "sys1.runs.success", contract.CodeInvalidInput},
+		{jwtID, "sys1.decide.svc-b", contract.CodeInvalidInput},
+		{anon, "$JS.API.STREAM.DELETE.SYS1_RUNS", contract.CodeInvalidInput},
+		{anon, "$KV.sys1-runs.run-1", contract.CodeInvalidInput},
+		{subj, "_INBOX.>", contract.CodeInvalidInput},
+		{subj, "_INBOX.a b", contract.CodeInvalidInput},
+		{subj, "sys1.replies.svc-a.", contract.CodeInvalidInput},
+		{subj, "_INBOX..x", contract.CodeInvalidInput},
+	}
+	for _, tt := range tests {
+		err := CheckReplyTo(tt.id, tt.replyTo)
+		switch {
+		case tt.code == "" && err != nil:
+			t.Errorf("%s as %s: want accepted, got %v", tt.replyTo, tt.id.Kind, err)
+		case tt.code != "" && (err == nil || err.Code != tt.code):
+			t.Errorf("%s as %s: want %s, got %v", tt.replyTo, tt.id.Kind, tt.code, err)
+		case err != nil && !strings.Contains(err.Message, "Sys1-Reply-To"):
+			t.Errorf("error must name the header: %v", err)
+		}
+	}
+}
