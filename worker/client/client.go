@@ -1,0 +1,195 @@
+// Package client is the Go producer side of sys1: publish a System One request to
+// sys1.decide.<caller> and, optionally, await its reply.
+//
+//	c, _ := client.New(nc)
+//	reply, err := c.Decide(ctx, client.Request{Caller: "billing", Body: body})
+//	if err != nil { ... }           // transport trouble: nothing was decided
+//	if reply.Status == "failed" { ... reply.Error.Code ... }
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/sys1hq/sys1/contract"
+)
+
+// Header names of SPEC §3.
+const (
+	HeaderRunID         = "Sys1-Run-Id"
+	HeaderReplyTo       = "Sys1-Reply-To"
+	HeaderDeadline      = "Sys1-Deadline"
+	HeaderAuthorization = "Authorization"
+	HeaderStatus        = "Sys1-Status"
+	HeaderErrorCode     = "Sys1-Error-Code"
+)
+
+// SubjectPrefix is where requests are published: SubjectPrefix + caller.
+const SubjectPrefix = "sys1.decide."
+
+// ErrNoStream means nothing stores requests on that subject: no worker has created the
+// SYS1_REQUESTS stream yet (or NATS permissions hide it).
+var ErrNoStream = errors.New("no JetStream stream accepts sys1.decide.*: is a sys1 worker running against this NATS?")
+
+// ErrDuplicate means JetStream already stored a request with this de-duplication id (the run
+// id) within its window (2 minutes by default): this publish was dropped, and the reply goes
+// to the first request's reply subject. Use a fresh run id for a new run.
+var ErrDuplicate = errors.New("a request with this run id was already accepted within the de-duplication window; this one was not stored")
+
+// Client publishes requests. It is safe for concurrent use.
+type Client struct {
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+// New returns a client on an established connection.
+func New(nc *nats.Conn) (*Client, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return &Client{nc: nc, js: js}, nil
+}
+
+// Request is one request to publish.
+type Request struct {
+	// Caller is the subject token after sys1.decide. (with optional further tokens,
+	// "billing.eu"); under auth mode subject it is the caller's identity.
+	Caller string
+	// Body is the System One request JSON, sent verbatim.
+	Body []byte
+	// RunID is the run's id; empty means a fresh one. Reusing an id returns the first run's
+	// outcome (same caller) or SYS1_RUN_ID_CONFLICT (another caller).
+	RunID string
+	// Deadline, when set, is the time after which the provider must not be called.
+	Deadline time.Time
+	// Token is a bearer JWT for auth mode jwt.
+	Token string
+	// MsgID is the JetStream de-duplication id (Nats-Msg-Id); empty means the run id, as
+	// SPEC §3 asks, so a producer's retried publish is stored once.
+	MsgID string
+	// ReplyTo overrides the reply subject of Decide (e.g. a durable sys1.replies.<caller>.x);
+	// for Publish it asks for a reply there instead of fire-and-forget.
+	ReplyTo string
+}
+
+// Reply is a run's reply: the SPEC §4 envelope plus the raw bytes and headers.
+type Reply struct {
+	contract.Reply
+	Raw    []byte
+	Header nats.Header
+}
+
+func (r Request) message(runID, replyTo string) (*nats.Msg, error) {
+	caller := strings.TrimSpace(r.Caller)
+	if caller == "" {
+		return nil, errors.New("caller is required (the subject token after sys1.decide.)")
+	}
+	for _, tok := range strings.Split(caller, ".") {
+		if tok == "" || strings.ContainsAny(tok, "*> \t\r\n") {
+			return nil, fmt.Errorf("caller %q is not a valid subject token", caller)
+		}
+	}
+	m := &nats.Msg{Subject: SubjectPrefix + caller, Data: r.Body, Header: nats.Header{}}
+	m.Header.Set(HeaderRunID, runID)
+	if r.MsgID != "" {
+		m.Header.Set(nats.MsgIdHdr, r.MsgID)
+	} else {
+		m.Header.Set(nats.MsgIdHdr, runID)
+	}
+	if replyTo != "" {
+		m.Header.Set(HeaderReplyTo, replyTo)
+	}
+	if !r.Deadline.IsZero() {
+		m.Header.Set(HeaderDeadline, r.Deadline.UTC().Format(time.RFC3339Nano))
+	}
+	if r.Token != "" {
+		m.Header.Set(HeaderAuthorization, "Bearer "+r.Token)
+	}
+	return m, nil
+}
+
+// NewRunID returns a fresh run id.
+func NewRunID() string { return "r-" + nuid.Next() }
+
+// Publish publishes req and returns its run id once JetStream has stored it.
+func (c *Client) Publish(ctx context.Context, req Request) (string, error) {
+	runID := req.RunID
+	if runID == "" {
+		runID = NewRunID()
+	}
+	m, err := req.message(runID, req.ReplyTo)
+	if err != nil {
+		return "", err
+	}
+	if err := c.publish(ctx, m); err != nil {
+		return "", err
+	}
+	return runID, nil
+}
+
+func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
+	ack, err := c.js.PublishMsg(ctx, m)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+			return ErrNoStream
+		}
+		return fmt.Errorf("publish to %s: %w", m.Subject, err)
+	}
+	if ack.Duplicate {
+		return ErrDuplicate
+	}
+	return nil
+}
+
+// Decide publishes req and waits for its reply until ctx ends.
+func (c *Client) Decide(ctx context.Context, req Request) (*Reply, error) {
+	runID := req.RunID
+	if runID == "" {
+		runID = NewRunID()
+	}
+	if req.ReplyTo != "" {
+		return nil, errors.New("decide with a custom ReplyTo: consume that subject yourself and use Publish")
+	}
+	replyTo := c.nc.NewInbox()
+	m, err := req.message(runID, replyTo)
+	if err != nil {
+		return nil, err
+	}
+	// Subscribe before publishing, or a fast worker could answer into the void.
+	sub, err := c.nc.SubscribeSync(replyTo)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to reply inbox: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := c.publish(ctx, m); err != nil {
+		return nil, err
+	}
+	for {
+		msg, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("waiting for the reply to run %s: %w", runID, err)
+		}
+		if msg.Header.Get(HeaderRunID) != runID {
+			continue // not ours (a stray on a reused inbox)
+		}
+		return ParseReply(msg)
+	}
+}
+
+// ParseReply decodes a reply message.
+func ParseReply(msg *nats.Msg) (*Reply, error) {
+	r := &Reply{Raw: msg.Data, Header: msg.Header}
+	if err := json.Unmarshal(msg.Data, &r.Reply); err != nil {
+		return nil, fmt.Errorf("decode reply: %w", err)
+	}
+	return r, nil
+}

@@ -1,0 +1,81 @@
+package worker
+
+import (
+	"fmt"
+	"os"
+	"time"
+)
+
+// Config is the worker pool's own configuration (the JetStream names live in topology.Config,
+// the provider's in its package).
+type Config struct {
+	// Concurrency is the most provider calls (and so messages) in flight in this replica.
+	Concurrency int `env:"SYS1_CONCURRENCY" envDefault:"8"`
+	// MaxDeliver is how many deliveries a run may take before a transient error is final.
+	MaxDeliver int `env:"SYS1_MAX_DELIVER" envDefault:"5"`
+	// ShutdownGrace is how long in-flight runs may take to finish after SIGTERM.
+	ShutdownGrace time.Duration `env:"SYS1_SHUTDOWN_GRACE" envDefault:"30s"`
+	// FetchBatch caps one pull request. Small on purpose: messages buffered client-side keep
+	// ageing towards AckWait while they wait for a slot (nats.go issue #1929).
+	FetchBatch int `env:"SYS1_FETCH_BATCH" envDefault:"16"`
+	// RetryBase and RetryMax shape the redelivery delay of transient errors: base·2^(n−1),
+	// capped, or the provider's Retry-After hint when it is longer.
+	RetryBase time.Duration `env:"SYS1_RETRY_BASE" envDefault:"1s"`
+	RetryMax  time.Duration `env:"SYS1_RETRY_MAX" envDefault:"60s"`
+	// ID names this replica in run records; default host-pid.
+	ID string `env:"SYS1_WORKER_ID"`
+}
+
+// Validate reports every bad variable.
+func (c *Config) Validate() []error {
+	var errs []error
+	if c.Concurrency < 1 || c.Concurrency > 4096 {
+		errs = append(errs, fmt.Errorf("SYS1_CONCURRENCY: must be 1–4096, got %d", c.Concurrency))
+	}
+	if c.MaxDeliver < 1 || c.MaxDeliver > 100 {
+		errs = append(errs, fmt.Errorf("SYS1_MAX_DELIVER: must be 1–100, got %d", c.MaxDeliver))
+	}
+	if c.ShutdownGrace < 0 {
+		errs = append(errs, fmt.Errorf("SYS1_SHUTDOWN_GRACE: must not be negative, got %s", c.ShutdownGrace))
+	}
+	if c.FetchBatch < 1 || c.FetchBatch > 1024 {
+		errs = append(errs, fmt.Errorf("SYS1_FETCH_BATCH: must be 1–1024, got %d", c.FetchBatch))
+	}
+	if c.RetryBase <= 0 {
+		errs = append(errs, fmt.Errorf("SYS1_RETRY_BASE: must be positive, got %s", c.RetryBase))
+	}
+	if c.RetryMax < c.RetryBase {
+		errs = append(errs, fmt.Errorf("SYS1_RETRY_MAX: %s is below SYS1_RETRY_BASE %s", c.RetryMax, c.RetryBase))
+	}
+	return errs
+}
+
+func (c *Config) withDefaults() Config {
+	out := *c
+	if out.ID == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "worker"
+		}
+		out.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if out.FetchBatch > out.Concurrency {
+		out.FetchBatch = out.Concurrency
+	}
+	return out
+}
+
+// retryDelay is the NakWithDelay for the next delivery after `deliveries` tries.
+func (c *Config) retryDelay(deliveries int, hint time.Duration) time.Duration {
+	d := c.RetryBase
+	for i := 1; i < deliveries && d < c.RetryMax; i++ {
+		d *= 2
+	}
+	if d > c.RetryMax {
+		d = c.RetryMax
+	}
+	if hint > d {
+		d = min(hint, c.RetryMax)
+	}
+	return d
+}

@@ -1,0 +1,111 @@
+package worker
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sys1hq/sys1/contract"
+)
+
+// The run-id gate: one JetStream KV entry per run id records which verified caller owns it,
+// the provider attempts made so far (across deliveries and replicas) and, once the run has
+// finished, its stored outcome. Every transition is a compare-and-set on the entry's revision,
+// so two replicas can never both believe they own the same step.
+
+const (
+	runRunning = "running"
+	runDone    = "done"
+)
+
+// runState is the value of a gate entry.
+type runState struct {
+	Caller    string             `json:"caller"`
+	Status    string             `json:"status"`
+	StreamSeq uint64             `json:"stream_seq"`
+	StartedAt time.Time          `json:"started_at"`
+	Attempts  []contract.Attempt `json:"attempts,omitempty"`
+	// Outcome of a finished run: the exact reply and record bytes, republished verbatim when a
+	// finished run is delivered again (a crash between finishing and acking).
+	ReplyTo string          `json:"reply_to,omitempty"`
+	Reply   json.RawMessage `json:"reply,omitempty"`
+	Record  json.RawMessage `json:"record,omitempty"`
+	Subject string          `json:"record_subject,omitempty"`
+}
+
+type claimResult int
+
+const (
+	claimNew        claimResult = iota // first delivery of a fresh run id
+	claimRedelivery                    // the same message again (retry or a dead replica's)
+	claimFinished                      // already finished: answer from the stored outcome
+	claimConflict                      // the id belongs to another caller
+	claimDuplicate                     // same caller, another message, run still in flight
+)
+
+// gate wraps the KV bucket.
+type gate struct {
+	kv jetstream.KeyValue
+}
+
+// gateKey maps a run id to a KV key. Run ids may hold ':' (not a valid key character) and
+// derived ids hold '~', so every id is hex-encoded: injective and always valid.
+func gateKey(runID string) string { return "r" + hex.EncodeToString([]byte(runID)) }
+
+// claim records ownership of runID for caller, or reports why it cannot.
+func (g gate) claim(ctx context.Context, runID, caller string, seq uint64, now time.Time) (claimResult, *runState, uint64, error) {
+	key := gateKey(runID)
+	fresh := runState{Caller: caller, Status: runRunning, StreamSeq: seq, StartedAt: now}
+	val, err := json.Marshal(fresh)
+	if err != nil {
+		return 0, nil, 0, fmt.Errorf("encode run state: %w", err)
+	}
+	for range 3 {
+		rev, err := g.kv.Create(ctx, key, val)
+		if err == nil {
+			return claimNew, &fresh, rev, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, nil, 0, fmt.Errorf("run-id gate: create: %w", err)
+		}
+		entry, err := g.kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // expired or deleted between the two calls: try to create again
+		}
+		if err != nil {
+			return 0, nil, 0, fmt.Errorf("run-id gate: get: %w", err)
+		}
+		var st runState
+		if err := json.Unmarshal(entry.Value(), &st); err != nil {
+			return 0, nil, 0, fmt.Errorf("run-id gate: decode entry: %w", err)
+		}
+		switch {
+		case st.Caller != caller:
+			return claimConflict, &st, entry.Revision(), nil
+		case st.Status == runDone:
+			return claimFinished, &st, entry.Revision(), nil
+		case st.StreamSeq == seq:
+			return claimRedelivery, &st, entry.Revision(), nil
+		default:
+			return claimDuplicate, &st, entry.Revision(), nil
+		}
+	}
+	return 0, nil, 0, errors.New("run-id gate: entry keeps disappearing")
+}
+
+// save writes st over revision rev and returns the new revision.
+func (g gate) save(ctx context.Context, runID string, st *runState, rev uint64) (uint64, error) {
+	val, err := json.Marshal(st)
+	if err != nil {
+		return 0, fmt.Errorf("encode run state: %w", err)
+	}
+	newRev, err := g.kv.Update(ctx, gateKey(runID), val, rev)
+	if err != nil {
+		return 0, fmt.Errorf("run-id gate: update: %w", err)
+	}
+	return newRev, nil
+}

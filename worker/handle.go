@@ -1,0 +1,276 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider"
+	"github.com/sys1hq/sys1/worker/auth"
+)
+
+// run is one delivery of one request message, from headers to ack.
+type run struct {
+	w     *Worker
+	msg   jetstream.Msg
+	meta  *jetstream.MsgMetadata
+	log   zerolog.Logger
+	start time.Time
+
+	runID    string // the id replies carry (the caller's, or derived)
+	recordID string // the id the record is stored under (derived when the caller may not own runID)
+	replyTo  string
+	identity auth.Identity
+
+	// gate state, once claimed
+	state *runState
+	rev   uint64
+
+	requested string            // the model the caller asked for
+	resolved  *contract.Request // the request as sent to the provider
+	attempts  []contract.Attempt
+}
+
+// handle processes one delivery. It never panics: a panic becomes SYS1_INTERNAL.
+func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
+	r := &run{w: w, msg: msg, start: time.Now(), log: w.log}
+	defer func() {
+		if p := recover(); p != nil {
+			// The stack goes to the log (it has no request content); the reply says only that
+			// the worker failed.
+			r.log.Error().Str("panic", fmt.Sprint(p)).Str("stack", string(debug.Stack())).Msg("run panicked")
+			r.failAfterPanic(ctx)
+		}
+	}()
+	r.process(ctx)
+}
+
+func (r *run) process(ctx context.Context) {
+	w := r.w
+	meta, err := r.msg.Metadata()
+	if err != nil {
+		// Not a JetStream delivery at all: nothing to reply to, nothing to record under.
+		r.log.Error().Err(err).Msg("message without JetStream metadata; terminating it")
+		_ = r.msg.Term()
+		return
+	}
+	r.meta = meta
+	hdr := r.msg.Headers()
+	derived := derivedRunID(w.opt.Topology.RequestsStream, meta.Sequence.Stream)
+	r.runID, r.recordID = derived, derived
+	if id := hdr.Get(HeaderRunID); id != "" && ValidRunID(id) {
+		r.runID, r.recordID = id, id
+	}
+	r.log = w.log.With().Str("run_id", r.runID).Uint64("stream_seq", meta.Sequence.Stream).Uint64("delivery", meta.NumDelivered).Logger()
+
+	// Identity first: nothing else about a request matters until we know who sent it.
+	identity, aerr := w.opt.Auth.Authenticate(ctx, r.msg.Subject(), hdr)
+	r.identity = identity
+	verified := aerr == nil && identity.Kind != contract.CallerKindAnonymous
+	r.replyTo = hdr.Get(HeaderReplyTo)
+	if err := checkReplyTo(r.replyTo, identity.Caller, verified); err != nil {
+		r.replyTo = "" // never answer on a subject we refused
+		r.recordID = derived
+		r.finish(ctx, nil, contract.Errorf(contract.CodeInvalidInput, "%v", err))
+		return
+	}
+	if aerr != nil {
+		// The caller is unverified, so it cannot own the run id it sent: record under the
+		// derived id so a forged request can never overwrite a real run's record.
+		r.recordID = derived
+		r.finish(ctx, nil, aerr)
+		return
+	}
+	r.log = r.log.With().Str("caller", identity.Caller).Logger()
+	if id := hdr.Get(HeaderRunID); id != "" && !ValidRunID(id) {
+		r.finish(ctx, nil, contract.Errorf(contract.CodeInvalidInput, "%s: must be 1–128 of A-Za-z0-9._:- (got %d bytes); the run was recorded as %s", HeaderRunID, len(id), derived))
+		return
+	}
+
+	// The run-id gate.
+	claim, st, rev, err := w.gate.claim(ctx, r.runID, identity.Caller, meta.Sequence.Stream, r.start)
+	if err != nil {
+		r.retryLater(err)
+		return
+	}
+	switch claim {
+	case claimConflict:
+		r.recordID = derived
+		r.finish(ctx, nil, contract.Errorf(contract.CodeRunIDConflict, "run id %q belongs to another caller's run; that run is untouched; use a fresh run id", r.runID))
+		return
+	case claimFinished:
+		r.replay(ctx, st)
+		return
+	case claimDuplicate:
+		// Another message with this id is being run: answer once it has finished.
+		r.log.Info().Msg("run id is in flight from another message; answering once it finishes")
+		_ = r.msg.NakWithDelay(w.cfg.RetryBase)
+		return
+	}
+	r.state, r.rev = st, rev
+	r.attempts = append(r.attempts, st.Attempts...)
+
+	deadline, err := parseDeadline(hdr.Get(HeaderDeadline))
+	if err != nil {
+		r.finish(ctx, nil, contract.Errorf(contract.CodeInvalidInput, "%v", err))
+		return
+	}
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		r.finish(ctx, nil, contract.Errorf(contract.CodeExpired, "deadline %s passed before the provider was called", deadline.UTC().Format(time.RFC3339Nano)))
+		return
+	}
+
+	req, cerr := contract.DecodeRequest(r.msg.Data())
+	if cerr != nil {
+		r.finish(ctx, nil, cerr)
+		return
+	}
+	r.requested = req.Model
+	resolved, cerr := w.opt.Policy.Resolve(req)
+	if cerr != nil {
+		r.finish(ctx, nil, cerr)
+		return
+	}
+	r.resolved = resolved
+
+	if int(meta.NumDelivered) > w.cfg.MaxDeliver {
+		// Earlier deliveries died without finishing (crashed replicas); stop here.
+		r.finish(ctx, nil, r.lastError(fmt.Sprintf("no delivery finished the run in %d deliveries", meta.NumDelivered)))
+		return
+	}
+
+	resp, perr := r.callProvider(ctx, deadline)
+	switch {
+	case perr == nil:
+		r.finish(ctx, resp, nil)
+	case ctx.Err() != nil:
+		// Shutdown ran out of grace: not finished, so not acknowledged.
+		r.log.Warn().Msg("run cancelled by shutdown; nak'ed for redelivery")
+		r.saveAttempts(context.WithoutCancel(ctx))
+		_ = r.msg.Nak()
+	default:
+		cerr, _ := contract.AsError(perr)
+		if cerr == nil {
+			cerr = contract.Wrap(contract.CodeInternal, perr, "provider failed unexpectedly")
+		}
+		delay := w.cfg.retryDelay(int(meta.NumDelivered), cerr.RetryAfter)
+		if cerr.Transient() && int(meta.NumDelivered) < w.cfg.MaxDeliver &&
+			(deadline.IsZero() || time.Now().Add(delay).Before(deadline)) {
+			if err := r.saveAttempts(ctx); err != nil {
+				r.log.Warn().Err(err).Msg("could not store the attempt; it will be missing from the record")
+			}
+			w.stats.retried.Add(1)
+			r.log.Info().Str("error_code", string(cerr.Code)).Dur("retry_in", delay).Msg("transient provider error; redelivering")
+			_ = r.msg.NakWithDelay(delay)
+			return
+		}
+		r.finish(ctx, nil, cerr)
+	}
+}
+
+// callProvider makes one provider attempt, heartbeating the delivery while it runs, and
+// appends the attempt.
+func (r *run) callProvider(ctx context.Context, deadline time.Time) (*contract.Response, error) {
+	w := r.w
+	callCtx := ctx
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		callCtx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	// Tell JetStream we are alive whenever a call runs past a third of AckWait, so a slow
+	// model is not mistaken for a dead replica.
+	stopBeat := make(chan struct{})
+	defer close(stopBeat)
+	go func() {
+		t := time.NewTicker(max(w.opt.Topology.AckWait/3, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				_ = r.msg.InProgress()
+			case <-stopBeat:
+				return
+			}
+		}
+	}()
+
+	started := time.Now()
+	w.stats.providerStart()
+	resp, err := w.opt.Provider.Evaluate(callCtx, r.resolved)
+	w.stats.providerNow.Add(-1)
+	a := contract.Attempt{
+		Provider:  w.opt.Provider.Name(),
+		Outcome:   provider.Outcome(err),
+		LatencyMS: time.Since(started).Milliseconds(),
+		Delivery:  int(r.meta.NumDelivered),
+		StartedAt: started.UTC(),
+	}
+	if err != nil {
+		if cerr, ok := contract.AsError(err); ok {
+			a.ErrorCode = cerr.Code
+			a.Detail = cerr.Message
+		} else if errors.Is(err, context.Canceled) {
+			a.Detail = "cancelled"
+		} else {
+			a.Detail = "unexpected provider error"
+		}
+		if !deadline.IsZero() && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			// The caller's deadline, not our provider timeout, cut the call short.
+			err = contract.Errorf(contract.CodeExpired, "deadline %s passed while the provider was running", deadline.UTC().Format(time.RFC3339Nano))
+			a.ErrorCode, a.Detail, a.Outcome = contract.CodeExpired, err.Error(), contract.OutcomeTimeout
+		}
+	}
+	r.attempts = append(r.attempts, a)
+	return resp, err
+}
+
+// lastError is the error of the last attempt, or SYS1_INTERNAL with why when there is none.
+func (r *run) lastError(why string) *contract.Error {
+	for i := len(r.attempts) - 1; i >= 0; i-- {
+		if c := r.attempts[i].ErrorCode; c != "" {
+			return contract.Errorf(c, "%s (last error: %s)", why, r.attempts[i].Detail)
+		}
+	}
+	return contract.Errorf(contract.CodeInternal, "%s", why)
+}
+
+// saveAttempts persists the attempts so far in the gate, so the next delivery (on any
+// replica) continues the same record.
+func (r *run) saveAttempts(ctx context.Context) error {
+	if r.state == nil {
+		return nil
+	}
+	r.state.Attempts = r.attempts
+	rev, err := r.w.gate.save(ctx, r.runID, r.state, r.rev)
+	if err != nil {
+		return err
+	}
+	r.rev = rev
+	return nil
+}
+
+// retryLater naks a delivery that hit infrastructure trouble (NATS, KV) before finishing.
+func (r *run) retryLater(err error) {
+	delay := r.w.cfg.retryDelay(int(r.meta.NumDelivered), 0)
+	r.log.Warn().Err(err).Dur("retry_in", delay).Msg("could not finish the run; redelivering")
+	_ = r.msg.NakWithDelay(delay)
+}
+
+// failAfterPanic answers SYS1_INTERNAL after a recovered panic. If concluding panics too, the
+// delivery is nak'ed rather than taking the replica down.
+func (r *run) failAfterPanic(ctx context.Context) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error().Str("panic", fmt.Sprint(p)).Msg("concluding a panicked run panicked; nak'ed")
+			_ = r.msg.NakWithDelay(r.w.cfg.RetryMax)
+		}
+	}()
+	r.finish(ctx, nil, contract.Errorf(contract.CodeInternal, "internal error in the worker; the run was not completed"))
+}

@@ -1,0 +1,319 @@
+package worker_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider"
+	"github.com/sys1hq/sys1/provider/ollama"
+	"github.com/sys1hq/sys1/provider/ollamatest"
+	"github.com/sys1hq/sys1/worker"
+	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+// harness is one in-process deployment: a real nats-server with JetStream, the fake Ollama,
+// and any number of worker replicas.
+type harness struct {
+	t    *testing.T
+	srv  *server.Server
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	fake *ollamatest.Server
+	topo topology.Config
+	logs *syncBuffer
+	cl   *client.Client
+}
+
+func newHarness(t *testing.T, fakeOpts ...ollamatest.Option) *harness {
+	t.Helper()
+	opts := &server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		MaxPayload: 8 << 20, NoLog: true, NoSigs: true,
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("nats-server: %v", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	h := &harness{t: t, srv: srv, logs: &syncBuffer{}}
+	h.nc = h.connect()
+	h.js, err = jetstream.New(h.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cl, err = client.New(h.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.fake = ollamatest.New(t, fakeOpts...)
+	h.topo = topology.Default()
+	h.topo.AckWait = 5 * time.Second
+	return h
+}
+
+func (h *harness) connect() *nats.Conn {
+	h.t.Helper()
+	nc, err := nats.Connect(h.srv.ClientURL(), nats.MaxReconnects(-1))
+	if err != nil {
+		h.t.Fatalf("connect: %v", err)
+	}
+	h.t.Cleanup(nc.Close)
+	return nc
+}
+
+// replica is one running worker.
+type replica struct {
+	w      *worker.Worker
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// stop cancels the replica (SIGTERM) and waits for Run to return.
+func (r *replica) stop(t *testing.T) error {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		return err
+	case <-time.After(60 * time.Second):
+		t.Fatal("worker did not stop within 60s")
+		return nil
+	}
+}
+
+type replicaOpts struct {
+	cfg      worker.Config
+	policy   contract.Policy
+	provider provider.Provider
+	auth     auth.Authenticator
+	topo     *topology.Config
+}
+
+func defaultWorkerConfig() worker.Config {
+	return worker.Config{
+		Concurrency: 4, MaxDeliver: 3, ShutdownGrace: 10 * time.Second, FetchBatch: 4,
+		RetryBase: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, ID: "test-worker",
+	}
+}
+
+func (h *harness) ollama(timeout time.Duration) provider.Provider {
+	h.t.Helper()
+	return h.ollamaAt(h.fake.URL(), timeout)
+}
+
+func (h *harness) ollamaAt(url string, timeout time.Duration) provider.Provider {
+	h.t.Helper()
+	p, err := ollama.New(ollama.Config{BaseURL: url, TimeoutMS: strconv.Itoa(int(timeout / time.Millisecond))}, ollama.WithMaxConns(64), ollama.WithLogger(h.logger()))
+	if err != nil {
+		h.t.Fatalf("ollama adapter: %v", err)
+	}
+	return p
+}
+
+func (h *harness) logger() zerolog.Logger { return zerolog.New(h.logs).Level(zerolog.DebugLevel) }
+
+// start runs a replica on its own connection; mods adjust its options.
+func (h *harness) start(mods ...func(*replicaOpts)) *replica {
+	h.t.Helper()
+	o := &replicaOpts{
+		cfg:    defaultWorkerConfig(),
+		policy: contract.Policy{DefaultModel: "nimble", AllowedModels: []string{"nimble", "tev1"}},
+	}
+	for _, m := range mods {
+		m(o)
+	}
+	if o.provider == nil {
+		o.provider = h.ollama(5 * time.Second)
+	}
+	if o.auth == nil {
+		a, err := auth.New(context.Background(), auth.DefaultConfig(), h.logger())
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		o.auth = a
+	}
+	topo := h.topo
+	if o.topo != nil {
+		topo = *o.topo
+	}
+	nc := h.connect()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := worker.New(ctx, o.cfg, worker.Options{
+		NC: nc, JS: js, Topology: topo, Provider: o.provider, Policy: o.policy, Auth: o.auth,
+		Logger: h.logger(), Version: "test", FetchWait: 200 * time.Millisecond,
+	})
+	if err != nil {
+		cancel()
+		h.t.Fatalf("worker.New: %v", err)
+	}
+	r := &replica{w: w, nc: nc, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- w.Run(ctx) }()
+	h.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+		}
+	})
+	return r
+}
+
+// decide publishes body as caller and waits for the reply.
+func (h *harness) decide(caller string, body []byte, mod ...func(*client.Request)) *client.Reply {
+	h.t.Helper()
+	req := client.Request{Caller: caller, Body: body}
+	for _, m := range mod {
+		m(&req)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rep, err := h.cl.Decide(ctx, req)
+	if err != nil {
+		h.t.Fatalf("decide: %v", err)
+	}
+	return rep
+}
+
+// records reads every run record in SYS1_RUNS.
+func (h *harness) records() []contract.RunRecord {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := h.js.Stream(ctx, h.topo.RunsStream)
+	if err != nil {
+		h.t.Fatalf("runs stream: %v", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []contract.RunRecord
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		var rec contract.RunRecord
+		if err := json.Unmarshal(m.Data, &rec); err != nil {
+			h.t.Fatalf("record %d does not decode: %v\n%s", seq, err, m.Data)
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+// rawRecords returns every record's bytes.
+func (h *harness) rawRecords() [][]byte {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := h.js.Stream(ctx, h.topo.RunsStream)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	info, _ := s.Info(ctx)
+	var out [][]byte
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		if m, err := s.GetMsg(ctx, seq); err == nil {
+			out = append(out, m.Data)
+		}
+	}
+	return out
+}
+
+// recordsByRun indexes records by run id, failing on duplicates.
+func (h *harness) recordByRun(runID string) contract.RunRecord {
+	h.t.Helper()
+	var found []contract.RunRecord
+	for _, r := range h.records() {
+		if r.RunID == runID {
+			found = append(found, r)
+		}
+	}
+	if len(found) != 1 {
+		h.t.Fatalf("run %s: want exactly 1 record, got %d", runID, len(found))
+	}
+	return found[0]
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-deadline.C:
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		case <-tick.C:
+		}
+	}
+}
+
+// pending is the number of request messages not yet settled.
+func (h *harness) pending() uint64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := h.js.Stream(ctx, h.topo.RequestsStream)
+	if err != nil {
+		return 1 << 62
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 1 << 62
+	}
+	return info.State.Msgs
+}
+
+func example(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "contract", "examples", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// syncBuffer collects log output from many goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

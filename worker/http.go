@@ -1,0 +1,66 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/sys1hq/sys1/provider"
+)
+
+// Handler serves the replica's operational endpoints:
+//
+//	/healthz  the process is up (liveness)
+//	/readyz   NATS is connected and the provider's last probe was healthy (readiness)
+//	/metrics  counters in the Prometheus text format (no client library: a handful of lines)
+//
+// Scale replicas on the consumer's pending count (JetStream's own metrics, or
+// `nats consumer info SYS1_REQUESTS sys1-worker`), not on these: a replica can't see the queue.
+func (w *Worker) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) {
+		rw.WriteHeader(http.StatusOK)
+		_, _ = rw.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, req *http.Request) {
+		if !w.opt.NC.IsConnected() {
+			http.Error(rw, "nats: not connected", http.StatusServiceUnavailable)
+			return
+		}
+		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
+		defer cancel()
+		if p := w.opt.Provider.Probe(ctx); !p.Healthy() {
+			http.Error(rw, "provider: "+probeSummary(p), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = rw.Write([]byte("ready\n"))
+	})
+	mux.HandleFunc("/metrics", func(rw http.ResponseWriter, _ *http.Request) {
+		s := w.Stats()
+		rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		for _, m := range []struct {
+			name, kind, help string
+			v                int64
+		}{
+			{"sys1_worker_in_flight", "gauge", "Messages being processed by this replica.", s.InFlight},
+			{"sys1_worker_provider_in_flight", "gauge", "Provider calls running now.", s.ProviderInFlight},
+			{"sys1_worker_provider_in_flight_peak", "gauge", "Most provider calls ever running at once.", s.ProviderPeak},
+			{"sys1_worker_provider_calls_total", "counter", "Provider calls made.", s.ProviderCalls},
+			{"sys1_worker_runs_succeeded_total", "counter", "Runs finished with status success.", s.Succeeded},
+			{"sys1_worker_runs_failed_total", "counter", "Runs finished with status failed.", s.Failed},
+			{"sys1_worker_redeliveries_total", "counter", "Deliveries nak'ed for a transient error.", s.Retried},
+			{"sys1_worker_replays_total", "counter", "Finished runs answered again from their stored outcome.", s.Replayed},
+		} {
+			fmt.Fprintf(rw, "# HELP %s %s\n# TYPE %s %s\n%s{worker=%q} %d\n", m.name, m.help, m.name, m.kind, m.name, w.cfg.ID, m.v)
+		}
+	})
+	return mux
+}
+
+func probeSummary(p provider.ProbeResult) string {
+	if len(p.Problems) == 0 {
+		return "unhealthy"
+	}
+	return fmt.Sprint(p.Problems)
+}

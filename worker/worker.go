@@ -1,0 +1,234 @@
+// Package worker consumes System One requests from JetStream and runs them: identity, the
+// run-id gate, deadline, validation and resolution, the provider call, the reply and the run
+// record. Replicas share one durable pull consumer; each bounds its own provider concurrency.
+//
+// Every delivery ends in exactly one of:
+//   - Ack: the run finished; its outcome is stored in the gate and its record and reply were
+//     published (the record's publish acknowledged by JetStream) before the ack.
+//   - NakWithDelay: a transient failure with deliveries left, or a run that could not finish
+//     (shutdown, NATS trouble); it comes back later, to this or another replica.
+//   - Term: a permanent failure, after its reply and record were published.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider"
+	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+// Options are the worker's collaborators.
+type Options struct {
+	NC       *nats.Conn
+	JS       jetstream.JetStream
+	Topology topology.Config
+	Provider provider.Provider
+	Policy   contract.Policy
+	Auth     auth.Authenticator
+	Logger   zerolog.Logger
+	// Version goes into every run record.
+	Version string
+	// FetchWait bounds one pull request; it is also how long shutdown may wait for a pull in
+	// flight. Zero means one second.
+	FetchWait time.Duration
+}
+
+// Worker is one replica's pool.
+type Worker struct {
+	cfg   Config
+	opt   Options
+	cons  jetstream.Consumer
+	gate  gate
+	log   zerolog.Logger
+	stats stats
+}
+
+// New ensures the JetStream topology (streams, run-id bucket, the shared consumer) and returns
+// a worker ready to Run.
+func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return nil, fmt.Errorf("worker config: %w", errors.Join(errs...))
+	}
+	if opt.JS == nil || opt.NC == nil || opt.Provider == nil || opt.Auth == nil {
+		return nil, errors.New("worker: NC, JS, Provider and Auth are required")
+	}
+	cfg = cfg.withDefaults()
+	if opt.FetchWait <= 0 {
+		opt.FetchWait = time.Second
+	}
+	kv, err := topology.Ensure(ctx, opt.JS, opt.Topology)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := topology.EnsureWorkerConsumer(ctx, opt.JS, opt.Topology)
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{cfg: cfg, opt: opt, cons: cons, gate: gate{kv: kv}}
+	w.log = opt.Logger.With().Str("worker", cfg.ID).Logger()
+	if opt.Topology.MaxAckPending < cfg.Concurrency {
+		w.log.Warn().Int("max_ack_pending", opt.Topology.MaxAckPending).Int("concurrency", cfg.Concurrency).
+			Msg("SYS1_MAX_ACK_PENDING is below this replica's concurrency; it caps the whole shared consumer, so raise it to at least replicas × SYS1_CONCURRENCY")
+	}
+	return w, nil
+}
+
+// ID is the replica id written into run records.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// Run pulls and processes messages until ctx is cancelled, then stops pulling, lets in-flight
+// runs finish within the shutdown grace, naks what could not finish, and returns. It returns
+// nil on a clean shutdown.
+func (w *Worker) Run(ctx context.Context) error {
+	// Runs must outlive the pull loop's context: a SIGTERM stops pulling, not the work in hand.
+	runCtx, cancelRuns := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRuns()
+
+	slots := make(chan struct{}, w.cfg.Concurrency)
+	var wg sync.WaitGroup
+	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("max_deliver", w.cfg.MaxDeliver).
+		Str("provider", w.opt.Provider.Name()).Msg("worker started")
+
+	var fetchErrs int
+	for ctx.Err() == nil {
+		// Reserve at least one slot, then as many more as are free (up to one batch), so we
+		// never pull a message we cannot start at once.
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			continue
+		}
+		n := 1
+	reserve:
+		for n < w.cfg.FetchBatch {
+			select {
+			case slots <- struct{}{}:
+				n++
+			default:
+				break reserve
+			}
+		}
+		used, err := w.fetch(ctx, runCtx, n, slots, &wg)
+		for i := used; i < n; i++ {
+			<-slots
+		}
+		if err != nil {
+			fetchErrs++
+			// A broken connection or a deleted consumer must not spin the CPU; back off.
+			delay := min(time.Duration(fetchErrs)*100*time.Millisecond, 5*time.Second)
+			w.log.Warn().Err(err).Dur("retry_in", delay).Msg("pull failed")
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+			}
+			continue
+		}
+		fetchErrs = 0
+	}
+
+	w.log.Info().Int64("in_flight", w.stats.inFlight.Load()).Dur("grace", w.cfg.ShutdownGrace).Msg("stopping: no more pulls, finishing in-flight runs")
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	grace := time.NewTimer(w.cfg.ShutdownGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		w.log.Warn().Int64("in_flight", w.stats.inFlight.Load()).Msg("shutdown grace over: cancelling in-flight runs; they are nak'ed for redelivery")
+		cancelRuns()
+		<-done
+	}
+	w.log.Info().Msg("worker stopped")
+	return nil
+}
+
+// fetch issues one pull for up to n messages and starts a run for each as it arrives. It
+// returns how many slots it handed to runs.
+func (w *Worker) fetch(ctx, runCtx context.Context, n int, slots chan struct{}, wg *sync.WaitGroup) (int, error) {
+	// The pull is bounded by time, not by ctx: cancelling a pull mid-flight can strand
+	// messages the server already sent until AckWait. Shutdown waits at most FetchWait.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opt.FetchWait)
+	defer cancel()
+	batch, err := w.cons.Fetch(n, jetstream.FetchContext(fctx))
+	if err != nil {
+		return 0, fmt.Errorf("fetch %d: %w", n, err)
+	}
+	used := 0
+	for msg := range batch.Messages() {
+		if ctx.Err() != nil {
+			// Pulled after SIGTERM: hand it straight back for another replica.
+			_ = msg.Nak()
+			continue
+		}
+		used++
+		wg.Add(1)
+		w.stats.inFlight.Add(1)
+		go func() {
+			defer func() {
+				w.stats.inFlight.Add(-1)
+				<-slots
+				wg.Done()
+			}()
+			w.handle(runCtx, msg)
+		}()
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+		return used, fmt.Errorf("fetch: %w", err)
+	}
+	return used, nil
+}
+
+// stats are the replica's live counters (see Stats).
+type stats struct {
+	inFlight      atomic.Int64
+	providerNow   atomic.Int64
+	providerPeak  atomic.Int64
+	providerCalls atomic.Int64
+	succeeded     atomic.Int64
+	failed        atomic.Int64
+	retried       atomic.Int64
+	replayed      atomic.Int64
+}
+
+// Stats is a snapshot of a replica's counters.
+type Stats struct {
+	InFlight          int64 // messages being processed
+	ProviderInFlight  int64 // provider calls running now
+	ProviderPeak      int64 // most provider calls ever running at once
+	ProviderCalls     int64 // provider calls made
+	Succeeded, Failed int64 // runs finished
+	Retried           int64 // deliveries nak'ed for a transient error
+	Replayed          int64 // finished runs answered again from their stored outcome
+}
+
+// Stats returns the replica's counters.
+func (w *Worker) Stats() Stats {
+	return Stats{
+		InFlight: w.stats.inFlight.Load(), ProviderInFlight: w.stats.providerNow.Load(),
+		ProviderPeak: w.stats.providerPeak.Load(), ProviderCalls: w.stats.providerCalls.Load(),
+		Succeeded: w.stats.succeeded.Load(), Failed: w.stats.failed.Load(),
+		Retried: w.stats.retried.Load(), Replayed: w.stats.replayed.Load(),
+	}
+}
+
+func (s *stats) providerStart() {
+	s.providerCalls.Add(1)
+	now := s.providerNow.Add(1)
+	for {
+		peak := s.providerPeak.Load()
+		if now <= peak || s.providerPeak.CompareAndSwap(peak, now) {
+			return
+		}
+	}
+}
