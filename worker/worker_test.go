@@ -692,7 +692,6 @@ func TestInvalidHeaders(t *testing.T) {
 	}
 }
 
-
 func TestClientReportsDeduplicatedPublish(t *testing.T) {
 	h := newHarness(t)
 	h.start()

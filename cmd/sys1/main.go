@@ -17,9 +17,9 @@ var version = "dev"
 
 // Exit statuses shared by every subcommand (SPEC §7).
 const (
-	exitOK      = 0
-	exitFailed  = 1 // the run (or the command's work) failed
-	exitUsage   = 2 // usage, configuration or connection error
+	exitOK     = 0
+	exitFailed = 1 // the run (or the command's work) failed
+	exitUsage  = 2 // usage, configuration or connection error
 )
 
 // command is one subcommand. run gets a context cancelled on SIGINT/SIGTERM.
