@@ -72,12 +72,11 @@ func (r *run) process(ctx context.Context) {
 	// Identity first: nothing else about a request matters until we know who sent it.
 	identity, aerr := w.opt.Auth.Authenticate(ctx, r.msg.Subject(), hdr)
 	r.identity = identity
-	verified := aerr == nil && identity.Kind != contract.CallerKindAnonymous
 	r.replyTo = hdr.Get(HeaderReplyTo)
-	if err := checkReplyTo(r.replyTo, identity.Caller, verified); err != nil {
+	if cerr := auth.CheckReplyTo(identity, r.replyTo); cerr != nil {
 		r.replyTo = "" // never answer on a subject we refused
 		r.recordID = derived
-		r.finish(ctx, nil, contract.Errorf(contract.CodeInvalidInput, "%v", err))
+		r.finish(ctx, nil, cerr)
 		return
 	}
 	if aerr != nil {

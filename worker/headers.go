@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // Header names of SPEC §3–§4.
@@ -50,37 +48,4 @@ func parseDeadline(v string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%s: %q is not an RFC 3339 time", HeaderDeadline, v)
 	}
 	return t, nil
-}
-
-// checkReplyTo refuses reply subjects that would let a producer write where it must not: into
-// the request stream (a loop), the run records (forged records), JetStream's API, a wildcard,
-// or — when callers are verified — another caller's durable replies.
-func checkReplyTo(subject, caller string, verified bool) error {
-	if subject == "" {
-		return nil
-	}
-	if len(subject) > 512 {
-		return fmt.Errorf("%s: longer than 512 bytes", HeaderReplyTo)
-	}
-	for _, tok := range strings.Split(subject, ".") {
-		if tok == "" {
-			return fmt.Errorf("%s: %q has an empty token", HeaderReplyTo, subject)
-		}
-		if tok == "*" || tok == ">" {
-			return fmt.Errorf("%s: %q has a wildcard", HeaderReplyTo, subject)
-		}
-	}
-	if strings.ContainsAny(subject, " \t\r\n") {
-		return fmt.Errorf("%s: %q contains whitespace", HeaderReplyTo, subject)
-	}
-	switch {
-	case strings.HasPrefix(subject, "$"):
-		return fmt.Errorf("%s: %q is a system subject", HeaderReplyTo, subject)
-	case strings.HasPrefix(subject, topology.DecidePrefix), strings.HasPrefix(subject, topology.RunsPrefix):
-		return fmt.Errorf("%s: %q is reserved for sys1 itself", HeaderReplyTo, subject)
-	case verified && strings.HasPrefix(subject, topology.RepliesPrefix) &&
-		!strings.HasPrefix(subject, topology.RepliesPrefix+caller+"."):
-		return fmt.Errorf("%s: durable replies must go under %s%s.", HeaderReplyTo, topology.RepliesPrefix, caller)
-	}
-	return nil
 }

@@ -637,7 +637,7 @@ func TestFireAndForgetAndDurableReplies(t *testing.T) {
 	rep("sys1.runs.success")
 	waitFor(t, "refusal record", 10*time.Second, func() bool {
 		for _, r := range h.records() {
-			if r.ErrorCode == contract.CodeInvalidInput && strings.Contains(r.ErrorMessage, "reserved") {
+			if r.ErrorCode == contract.CodeInvalidInput && strings.Contains(r.ErrorMessage, "Sys1-Reply-To") {
 				return true
 			}
 		}
