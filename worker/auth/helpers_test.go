@@ -36,8 +36,6 @@ type signer struct {
 	alg  jwa.SignatureAlgorithm
 }
 
-func (s signer) kid() string { k, _ := s.priv.KeyID(); return k }
-
 func (s signer) public(t testing.TB) jwk.Key {
 	t.Helper()
 	pub, err := s.priv.PublicKey()

@@ -229,14 +229,10 @@ func candidateAlgs(key jwk.Key) ([]jwa.SignatureAlgorithm, error) {
 }
 
 func curveOf(key jwk.Key) (jwa.EllipticCurveAlgorithm, bool) {
-	switch k := key.(type) {
-	case jwk.ECDSAPublicKey:
-		return k.Crv()
-	case jwk.ECDSAPrivateKey:
-		return k.Crv()
-	case jwk.OKPPublicKey:
-		return k.Crv()
-	case jwk.OKPPrivateKey:
+	// EC and OKP keys, public or private, all expose their curve this way.
+	if k, ok := key.(interface {
+		Crv() (jwa.EllipticCurveAlgorithm, bool)
+	}); ok {
 		return k.Crv()
 	}
 	return jwa.InvalidEllipticCurve(), false
