@@ -1,12 +1,8 @@
 package ollamatest
 
 import (
-	"bytes"
 	"encoding/base64"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -32,7 +28,7 @@ type decoded struct {
 	State     []byte
 	Questions []synth.Question
 	Images    int
-	KeepAlive json.RawMessage
+	KeepAlive []byte
 }
 
 // badRequest is a 400 with Ollama's {"error": "..."} body.
@@ -42,59 +38,79 @@ func (e *badRequest) Error() string { return e.msg }
 
 func badf(format string, args ...any) error { return &badRequest{msg: fmt.Sprintf(format, args...)} }
 
-// decodeRequest decodes and validates body by Ollama's rules, in order.
+// decodeRequest decodes and validates body by Ollama's rules, keeping questions and options
+// in the order they arrived.
 func decodeRequest(body []byte) (*decoded, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := expectDelim(dec, '{', "request body"); err != nil {
-		return nil, err
+	s := &scanner{data: body}
+	if c := s.peek(); c != '{' {
+		if c == 0 {
+			return nil, badf("invalid JSON: empty body")
+		}
+		if c == '[' || c == '"' || c == 't' || c == 'f' || c == 'n' || c == '-' || (c >= '0' && c <= '9') {
+			return nil, badf("request body: must be an object")
+		}
+		return nil, s.fail("unexpected character %q", c)
 	}
 	var req decoded
-	seen := map[string]bool{}
-	for dec.More() {
-		key, err := readKey(dec, "request body")
-		if err != nil {
-			return nil, err
+	var seen [5]bool // model, state, questions, images, keep_alive
+	once := func(i int, key string) error {
+		if seen[i] {
+			return badf("duplicate field %q", key)
 		}
-		if seen[key] {
-			return nil, badf("duplicate field %q", key)
-		}
-		seen[key] = true
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, badf("invalid JSON in field %q: %v", key, err)
-		}
+		seen[i] = true
+		return nil
+	}
+	err := s.object(func(key string) error {
 		switch key {
 		case "model":
-			if err := json.Unmarshal(raw, &req.Model); err != nil {
-				return nil, badf("model: must be a string")
+			if err := once(0, key); err != nil {
+				return err
 			}
+			if s.peek() != '"' {
+				return badf("model: must be a string")
+			}
+			m, err := s.str()
+			req.Model = m
+			return err
 		case "state":
-			if !isContent(raw) {
-				return nil, badf("state: must be a string, an object or an array")
+			if err := once(1, key); err != nil {
+				return err
 			}
+			if !isContent(s.peek()) {
+				return badf("state: must be a string, an object or an array")
+			}
+			raw, err := s.raw()
 			req.State = raw
+			return err
 		case "questions":
-			qs, err := decodeQuestions(raw)
-			if err != nil {
-				return nil, err
+			if err := once(2, key); err != nil {
+				return err
 			}
+			qs, err := decodeQuestions(s)
 			req.Questions = qs
+			return err
 		case "images":
-			n, err := decodeImages(raw)
-			if err != nil {
-				return nil, err
+			if err := once(3, key); err != nil {
+				return err
 			}
+			n, err := decodeImages(s)
 			req.Images = n
+			return err
 		case "keep_alive":
-			if err := checkKeepAlive(raw); err != nil {
-				return nil, err
+			if err := once(4, key); err != nil {
+				return err
 			}
+			raw, err := checkKeepAlive(s)
 			req.KeepAlive = raw
+			return err
 		default:
-			return nil, badf("unknown field %q", key)
+			return badf("unknown field %q", key)
 		}
+	})
+	if err != nil {
+		return nil, err
 	}
-	if err := expectEnd(dec, "request body"); err != nil {
+	if err := s.end(); err != nil {
 		return nil, err
 	}
 	switch {
@@ -102,105 +118,106 @@ func decodeRequest(body []byte) (*decoded, error) {
 		return nil, badf("model is required")
 	case req.State == nil:
 		return nil, badf("state is required")
-	case !seen["questions"]:
+	case !seen[2]:
 		return nil, badf("questions is required")
 	}
 	return &req, nil
 }
 
-func decodeQuestions(raw json.RawMessage) ([]synth.Question, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if err := expectDelim(dec, '{', "questions"); err != nil {
-		return nil, err
+func decodeQuestions(s *scanner) ([]synth.Question, error) {
+	if s.peek() != '{' {
+		return nil, badf("questions: must be an object")
 	}
-	var qs []synth.Question
-	seen := map[string]bool{}
-	for dec.More() {
-		name, err := readKey(dec, "questions")
-		if err != nil {
-			return nil, err
-		}
+	qs := make([]synth.Question, 0, 4)
+	err := s.object(func(name string) error {
 		if strings.TrimSpace(name) == "" {
-			return nil, badf("questions: a question name must not be empty")
+			return badf("questions: a question name must not be empty")
 		}
-		if seen[name] {
-			return nil, badf("questions: duplicate question %q", name)
+		for _, q := range qs {
+			if q.Name == name {
+				return badf("questions: duplicate question %q", name)
+			}
 		}
-		seen[name] = true
-		var body json.RawMessage
-		if err := dec.Decode(&body); err != nil {
-			return nil, badf("questions.%s: invalid JSON: %v", name, err)
+		if len(qs) == MaxQuestions {
+			return badf("questions: must have %d to %d questions, got %d or more", MinQuestions, MaxQuestions, MaxQuestions+1)
 		}
-		q, err := decodeQuestion(name, body)
+		q, err := decodeQuestion(s, name)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		qs = append(qs, q)
-	}
-	if err := expectEnd(dec, "questions"); err != nil {
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
-	if len(qs) < MinQuestions || len(qs) > MaxQuestions {
+	if len(qs) < MinQuestions {
 		return nil, badf("questions: must have %d to %d questions, got %d", MinQuestions, MaxQuestions, len(qs))
 	}
 	return qs, nil
 }
 
-func decodeQuestion(name string, raw json.RawMessage) (synth.Question, error) {
+func decodeQuestion(s *scanner, name string) (synth.Question, error) {
 	q := synth.Question{Name: name}
 	path := "questions." + name
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if err := expectDelim(dec, '{', path); err != nil {
-		return q, err
+	if s.peek() != '{' {
+		return q, badf("%s: must be an object", path)
 	}
-	var criteria, instructions json.RawMessage
-	seen := map[string]bool{}
-	for dec.More() {
-		key, err := readKey(dec, path)
-		if err != nil {
-			return q, err
-		}
-		if seen[key] {
-			return q, badf("%s: duplicate field %q", path, key)
-		}
-		seen[key] = true
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return q, badf("%s.%s: invalid JSON: %v", path, key, err)
-		}
+	var criteria scanner // a scanner over the criteria value, decoded once the type is known
+	hasType, hasInstructions, hasCriteria := false, false, false
+	err := s.object(func(key string) error {
 		switch key {
 		case "type":
-			if err := json.Unmarshal(v, &q.Type); err != nil {
-				return q, badf("%s.type: must be a string", path)
+			if hasType {
+				return badf("%s: duplicate field %q", path, key)
 			}
+			hasType = true
+			if s.peek() != '"' {
+				return badf("%s.type: must be a string", path)
+			}
+			t, err := s.str()
+			q.Type = t
+			return err
 		case "instructions":
-			instructions = v
+			if hasInstructions {
+				return badf("%s: duplicate field %q", path, key)
+			}
+			hasInstructions = true
+			if !isContent(s.peek()) {
+				return badf("%s.instructions: must be a string, an object or an array", path)
+			}
+			return s.skip()
 		case "criteria":
-			criteria = v
+			if hasCriteria {
+				return badf("%s: duplicate field %q", path, key)
+			}
+			hasCriteria = true
+			raw, err := s.raw()
+			criteria = scanner{data: raw}
+			return err
 		default:
-			return q, badf("%s: unknown field %q", path, key)
+			return badf("%s: unknown field %q", path, key)
 		}
-	}
-	if err := expectEnd(dec, path); err != nil {
+	})
+	if err != nil {
 		return q, err
 	}
-	if instructions == nil || !isContent(instructions) {
+	if !hasInstructions {
 		return q, badf("%s.instructions: must be a string, an object or an array", path)
 	}
-	var err error
 	switch q.Type {
 	case synth.TypeChoice:
-		if criteria == nil {
+		if !hasCriteria {
 			return q, badf("%s.criteria: required for choice questions", path)
 		}
-		q.Keys, err = decodeOptions(path+".criteria", criteria)
+		q.Keys, err = decodeOptions(&criteria, path+".criteria")
 		if err == nil && (len(q.Keys) < MinOptions || len(q.Keys) > MaxOptions) {
 			err = badf("%s.criteria: choice questions need %d to %d options, got %d", path, MinOptions, MaxOptions, len(q.Keys))
 		}
 	case synth.TypeNoul:
-		if criteria != nil && !isNull(criteria) {
+		if hasCriteria && criteria.peek() != 'n' {
 			var keys []string
-			keys, err = decodeOptions(path+".criteria", criteria)
+			keys, err = decodeOptions(&criteria, path+".criteria")
 			for _, k := range keys {
 				if k != "true" && k != "false" {
 					err = badf("%s.criteria: noul criteria may only describe \"true\" and \"false\", got %q", path, k)
@@ -209,10 +226,10 @@ func decodeQuestion(name string, raw json.RawMessage) (synth.Question, error) {
 			}
 		}
 	case synth.TypeScore:
-		if criteria == nil {
+		if !hasCriteria {
 			return q, badf("%s.criteria: required for score questions", path)
 		}
-		q.Keys, err = decodeLevels(path+".criteria", criteria)
+		q.Keys, err = decodeLevels(&criteria, path+".criteria")
 		if err == nil && (len(q.Keys) < MinOptions || len(q.Keys) > MaxOptions) {
 			err = badf("%s.criteria: score questions need %d to %d levels, got %d", path, MinOptions, MaxOptions, len(q.Keys))
 		}
@@ -225,127 +242,121 @@ func decodeQuestion(name string, raw json.RawMessage) (synth.Question, error) {
 }
 
 // decodeOptions reads an object of option key → description (string or null), in order.
-func decodeOptions(path string, raw json.RawMessage) ([]string, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if err := expectDelim(dec, '{', path); err != nil {
-		return nil, err
+func decodeOptions(s *scanner, path string) ([]string, error) {
+	if s.peek() != '{' {
+		return nil, badf("%s: must be an object", path)
 	}
-	var keys []string
-	for dec.More() {
-		key, err := readKey(dec, path)
-		if err != nil {
-			return nil, err
-		}
+	keys := make([]string, 0, 8)
+	err := s.object(func(key string) error {
 		if strings.TrimSpace(key) == "" {
-			return nil, badf("%s: an option key must not be empty", path)
+			return badf("%s: an option key must not be empty", path)
 		}
 		for _, k := range keys {
 			if k == key {
-				return nil, badf("%s: duplicate option %q", path, key)
+				return badf("%s: duplicate option %q", path, key)
 			}
 		}
-		var desc *string
-		if err := dec.Decode(&desc); err != nil {
-			return nil, badf("%s.%s: must be a string or null", path, key)
+		if c := s.peek(); c != '"' && c != 'n' {
+			return badf("%s.%s: must be a string or null", path, key)
 		}
 		keys = append(keys, key)
-	}
-	if err := expectEnd(dec, path); err != nil {
-		return nil, err
-	}
-	return keys, nil
+		return s.skip()
+	})
+	return keys, err
 }
 
 // decodeLevels reads an array of level descriptions (string or null; null is an empty label).
-func decodeLevels(path string, raw json.RawMessage) ([]string, error) {
-	var levels []*string
-	if err := json.Unmarshal(raw, &levels); err != nil {
+func decodeLevels(s *scanner, path string) ([]string, error) {
+	if s.peek() != '[' {
 		return nil, badf("%s: must be an array of strings", path)
 	}
-	out := make([]string, len(levels))
-	for i, l := range levels {
-		if l != nil {
-			out[i] = *l
+	levels := make([]string, 0, 8)
+	err := s.array(func(int) error {
+		switch s.peek() {
+		case '"':
+			l, err := s.str()
+			levels = append(levels, l)
+			return err
+		case 'n':
+			levels = append(levels, "")
+			return s.skip()
 		}
-	}
-	return out, nil
+		return badf("%s: must be an array of strings", path)
+	})
+	return levels, err
 }
 
-func decodeImages(raw json.RawMessage) (int, error) {
-	var images []string
-	if err := json.Unmarshal(raw, &images); err != nil {
+func decodeImages(s *scanner) (int, error) {
+	if s.peek() != '[' {
 		return 0, badf("images: must be an array of base64 strings")
 	}
-	for i, im := range images {
-		if im == "" {
-			return 0, badf("images[%d]: empty image", i)
+	n := 0
+	err := s.array(func(i int) error {
+		if s.peek() != '"' {
+			return badf("images: must be an array of base64 strings")
 		}
-		if _, err := base64.StdEncoding.DecodeString(im); err != nil {
-			return 0, badf("images[%d]: illegal base64 data", i)
+		b, err := s.strBytes()
+		if err != nil {
+			return err
+		}
+		if len(b) == 0 {
+			return badf("images[%d]: empty image", i)
+		}
+		if !validBase64(b) {
+			return badf("images[%d]: illegal base64 data", i)
+		}
+		n++
+		return nil
+	})
+	return n, err
+}
+
+// validBase64 checks standard, padded base64 without allocating the decoded image: it decodes
+// 4 KiB at a time into a scratch array.
+func validBase64(b []byte) bool {
+	if len(b)%4 != 0 {
+		return false
+	}
+	for i := 0; i < len(b)-2; i++ {
+		if b[i] == '=' {
+			return false // padding only at the very end
 		}
 	}
-	return len(images), nil
+	var scratch [3 * 1024]byte
+	for i := 0; i < len(b); i += 4 * 1024 {
+		end := min(i+4*1024, len(b))
+		if _, err := base64.StdEncoding.Decode(scratch[:], b[i:end]); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // checkKeepAlive applies Ollama's api.Duration rules: a number of seconds or a Go duration
 // string.
-func checkKeepAlive(raw json.RawMessage) error {
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return badf("keep_alive: invalid JSON")
-	}
-	switch t := v.(type) {
-	case float64:
-		return nil
-	case string:
-		if _, err := time.ParseDuration(t); err != nil {
-			return badf("keep_alive: time: invalid duration %q", t)
+func checkKeepAlive(s *scanner) ([]byte, error) {
+	c := s.peek()
+	start := s.pos
+	switch {
+	case c == '"':
+		v, err := s.str()
+		if err != nil {
+			return nil, err
 		}
-		return nil
-	}
-	return badf("keep_alive: unsupported type")
-}
-
-func isContent(raw json.RawMessage) bool {
-	raw = bytes.TrimLeft(raw, " \t\r\n")
-	return len(raw) > 0 && (raw[0] == '"' || raw[0] == '{' || raw[0] == '[')
-}
-
-func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
-
-func expectDelim(dec *json.Decoder, want json.Delim, path string) error {
-	tok, err := dec.Token()
-	if err != nil {
-		return badf("%s: invalid JSON: %v", path, err)
-	}
-	if d, ok := tok.(json.Delim); !ok || d != want {
-		if want == '{' {
-			return badf("%s: must be an object", path)
+		if _, err := time.ParseDuration(v); err != nil {
+			return nil, badf("keep_alive: time: invalid duration %q", v)
 		}
-		return badf("%s: must be an array", path)
+	case c == '-' || (c >= '0' && c <= '9'):
+		if _, err := s.number(); err != nil {
+			return nil, err
+		}
+	default:
+		if err := s.skip(); err != nil {
+			return nil, err
+		}
+		return nil, badf("keep_alive: unsupported type")
 	}
-	return nil
+	return s.data[start:s.pos], nil
 }
 
-func readKey(dec *json.Decoder, path string) (string, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return "", badf("%s: invalid JSON: %v", path, err)
-	}
-	key, ok := tok.(string)
-	if !ok {
-		return "", badf("%s: invalid JSON: expected a key", path)
-	}
-	return key, nil
-}
-
-// expectEnd reads the closing brace and checks nothing follows it.
-func expectEnd(dec *json.Decoder, path string) error {
-	if _, err := dec.Token(); err != nil {
-		return badf("%s: invalid JSON: %v", path, err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return badf("%s: invalid JSON: data after the end of the value", path)
-	}
-	return nil
-}
+func isContent(c byte) bool { return c == '"' || c == '{' || c == '[' }
