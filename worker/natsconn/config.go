@@ -7,6 +7,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/nats-io/jwt/v2"
 )
 
 // Config is how sys1 components reach NATS (environment SYS1_NATS_*). With SYS1_NATS_URL unset
@@ -111,6 +113,11 @@ func (c *Config) Validate() []error {
 			add("%s: %v", f.name, err)
 		}
 	}
+	if c.CredsFile != "" && readable(c.CredsFile) == nil {
+		if err := checkCreds(c.CredsFile); err != nil {
+			add("SYS1_NATS_CREDS: %v", err)
+		}
+	}
 	if c.InboxPrefix != "" && (strings.ContainsAny(c.InboxPrefix, "*> \t") || strings.HasSuffix(c.InboxPrefix, ".") || strings.HasPrefix(c.InboxPrefix, ".")) {
 		add("SYS1_NATS_INBOX_PREFIX: %q must be a subject without wildcards, spaces or a leading/trailing dot", c.InboxPrefix)
 	}
@@ -152,6 +159,28 @@ func splitListen(listen string) (string, int, error) {
 		host = "0.0.0.0"
 	}
 	return host, port, nil
+}
+
+// checkCreds verifies that a creds file holds a user JWT and an nkey seed, so a wrong file is
+// a start-up error rather than an endless reconnect loop. The parse errors never quote the seed.
+func checkCreds(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("cannot read %q: %w", path, unwrapPath(err))
+	}
+	tok, err := jwt.ParseDecoratedJWT(b)
+	if err == nil {
+		_, err = jwt.DecodeUserClaims(tok)
+	}
+	if err != nil {
+		return fmt.Errorf("%q holds no user JWT (not a NATS .creds file)", path)
+	}
+	kp, err := jwt.ParseDecoratedUserNKey(b)
+	if err != nil {
+		return fmt.Errorf("%q holds no user nkey seed (not a NATS .creds file)", path)
+	}
+	kp.Wipe()
+	return nil
 }
 
 func readable(path string) error {

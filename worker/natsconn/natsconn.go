@@ -9,6 +9,8 @@ package natsconn
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -155,16 +157,23 @@ func dial(ctx context.Context, cfg Config, urls, name string, log zerolog.Logger
 	}
 }
 
-// permanent reports errors no retry can fix: rejected or malformed credentials and TLS setup.
+// permanent reports errors no retry can fix: rejected or malformed credentials and a server
+// certificate that does not verify (wrong CA or host name).
 func permanent(err error) bool {
 	for _, e := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired,
-		nats.ErrNkeysNotSupported, nats.ErrSecureConnRequired, nats.ErrSecureConnWanted, nats.ErrInvalidConnection} {
+		nats.ErrNkeysNotSupported, nats.ErrSecureConnRequired, nats.ErrSecureConnWanted} {
 		if errors.Is(err, e) {
 			return true
 		}
 	}
-	var pe *os.PathError
-	return errors.As(err, &pe)
+	var (
+		pe       *os.PathError
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+	)
+	return errors.As(err, &pe) || errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }
 
 // backoff grows from 250ms to 10s, with ±20% jitter so replicas do not reconnect in lockstep.

@@ -418,6 +418,16 @@ func TestConfigFromEnvAndValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	missing := filepath.Join(dir, "missing")
+	goodCreds := filepath.Join(dir, "good.creds")
+	ukp, _ := nkeys.CreateUser()
+	upub, _ := ukp.PublicKey()
+	akp, _ := nkeys.CreateAccount()
+	ujwt, _ := jwt.NewUserClaims(upub).Encode(akp)
+	useed, _ := ukp.Seed()
+	creds, _ := jwt.FormatUserConfig(ujwt, useed)
+	if err := os.WriteFile(goodCreds, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		edit func(*Config)
@@ -426,13 +436,15 @@ func TestConfigFromEnvAndValidate(t *testing.T) {
 		{"defaults (embedded)", func(c *Config) {}, nil},
 		{"bad scheme", func(c *Config) { c.URL = "http://x:4222" }, []string{"SYS1_NATS_URL"}},
 		{"no host", func(c *Config) { c.URL = "nats://" }, []string{"SYS1_NATS_URL"}},
-		{"two auth methods", func(c *Config) { c.URL = "nats://x"; c.CredsFile = file; c.Token = "t" }, []string{"SYS1_NATS_CREDS"}},
+		{"two auth methods", func(c *Config) { c.URL = "nats://x"; c.CredsFile = goodCreds; c.Token = "t" }, []string{"SYS1_NATS_CREDS"}},
 		{"credentials in URL and user", func(c *Config) { c.URL = "nats://u:p@x"; c.User, c.Password = "u", "p" }, []string{"SYS1_NATS_CREDS"}},
 		{"user without password", func(c *Config) { c.URL = "nats://x"; c.User = "u" }, []string{"SYS1_NATS_PASSWORD"}},
 		{"password without user", func(c *Config) { c.URL = "nats://x"; c.Password = "p" }, []string{"SYS1_NATS_USER"}},
 		{"cert without key", func(c *Config) { c.URL = "tls://x"; c.TLSCert = file }, []string{"SYS1_NATS_TLS_KEY"}},
 		{"unreadable files", func(c *Config) { c.URL = "nats://x"; c.NKeyFile = missing; c.TLSCA = dir }, []string{"SYS1_NATS_NKEY", "SYS1_NATS_TLS_CA"}},
-		{"creds with embedded", func(c *Config) { c.CredsFile = file }, []string{"SYS1_NATS_CREDS"}},
+		{"creds with embedded", func(c *Config) { c.URL = ""; c.CredsFile = goodCreds }, []string{"SYS1_NATS_CREDS"}},
+		{"not a creds file", func(c *Config) { c.URL = "nats://x"; c.CredsFile = file }, []string{"SYS1_NATS_CREDS"}},
+		{"a creds file", func(c *Config) { c.URL = "nats://x"; c.CredsFile = goodCreds }, nil},
 		{"bad listen", func(c *Config) { c.Listen = "4222" }, []string{"SYS1_NATS_LISTEN"}},
 		{"empty data dir", func(c *Config) { c.DataDir = " " }, []string{"SYS1_DATA_DIR"}},
 		{"payload too large", func(c *Config) { c.MaxPayload = 128 << 20 }, []string{"SYS1_NATS_MAX_PAYLOAD"}},
