@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/client"
+)
+
+func init() {
+	register(command{name: "decide", summary: "publish one request and print the reply", run: runDecide})
+}
+
+const decideUsage = `usage: sys1 decide [flags] [FILE|-]
+
+Publishes one System One request (FILE, or standard input for - or no argument) to
+sys1.decide.<caller>, waits for the reply and prints it as JSON.
+
+Exit status: 0 success, 1 failed (the reply's error is printed), 2 usage or connection error.
+
+Connection: SYS1_NATS_URL (default nats://127.0.0.1:4222, the embedded server of
+'sys1 worker'), with SYS1_NATS_CREDS, SYS1_NATS_NKEY, SYS1_NATS_USER/SYS1_NATS_PASSWORD,
+SYS1_NATS_TOKEN and SYS1_NATS_TLS_* as for the worker. A bearer JWT for auth mode jwt comes
+from --token or SYS1_TOKEN.
+
+flags:
+`
+
+func runDecide(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("decide", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, decideUsage); fs.PrintDefaults() }
+	caller := fs.String("caller", envOr("SYS1_CALLER", "cli"), "caller token: publishes to sys1.decide.<caller>")
+	runID := fs.String("run-id", "", "run id (default: a fresh one)")
+	deadline := fs.String("deadline", "", "deadline: a duration from now (30s) or an RFC 3339 time")
+	model := fs.String("model", "", "override the request's model")
+	timeout := fs.Duration("timeout", 60*time.Second, "how long to wait for the reply")
+	noWait := fs.Bool("no-wait", false, "publish, print the run id and exit without waiting")
+	token := fs.String("token", "", "bearer JWT for auth mode jwt (default $SYS1_TOKEN)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 1 {
+		fmt.Fprintln(stderr, "sys1 decide: at most one FILE")
+		fs.Usage()
+		return exitUsage
+	}
+	if *token == "" {
+		*token = os.Getenv("SYS1_TOKEN")
+	}
+	body, err := readRequest(fs.Arg(0))
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
+		return exitUsage
+	}
+	if *model != "" {
+		if body, err = withModel(body, *model); err != nil {
+			fmt.Fprintf(stderr, "sys1 decide: --model: %v\n", err)
+			return exitUsage
+		}
+	}
+	req := client.Request{Caller: *caller, Body: body, RunID: *runID, Token: *token}
+	if *deadline != "" {
+		if req.Deadline, err = parseDeadlineFlag(*deadline, time.Now()); err != nil {
+			fmt.Fprintf(stderr, "sys1 decide: --deadline: %v\n", err)
+			return exitUsage
+		}
+	}
+
+	conn, err := dialClient(ctx, "sys1 decide", stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
+		return exitUsage
+	}
+	defer conn.Close()
+	cl, err := client.New(conn.NC)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
+		return exitUsage
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	if *noWait {
+		id, err := cl.Publish(ctx, req)
+		if err != nil {
+			fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
+			return exitUsage
+		}
+		fmt.Fprintln(stdout, id)
+		return exitOK
+	}
+	reply, err := cl.Decide(ctx, req)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			fmt.Fprintf(stderr, "sys1 decide: no reply within %s (is a worker running? the run may still complete; its record will show it)\n", *timeout)
+		} else {
+			fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
+		}
+		return exitUsage
+	}
+	if err := printJSON(stdout, reply.Raw); err != nil {
+		fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
+	}
+	if reply.Status != contract.StatusSuccess {
+		return exitFailed
+	}
+	return exitOK
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func readRequest(path string) ([]byte, error) {
+	var (
+		b   []byte
+		err error
+	)
+	if path == "" || path == "-" {
+		b, err = io.ReadAll(io.LimitReader(os.Stdin, 64<<20))
+	} else {
+		b, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read request: %w", err)
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		return nil, errors.New("empty request")
+	}
+	return b, nil
+}
+
+// withModel sets "model" while keeping every other key where the caller put it.
+func withModel(body []byte, model string) ([]byte, error) {
+	var req contract.Request
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, fmt.Errorf("the request is not a System One request: %w", err)
+	}
+	req.Model = model
+	return json.Marshal(&req)
+}
+
+func parseDeadlineFlag(v string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(v); err == nil {
+		if d <= 0 {
+			return time.Time{}, fmt.Errorf("%q is not in the future", v)
+		}
+		return now.Add(d), nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is neither a duration (30s) nor an RFC 3339 time", v)
+	}
+	return t, nil
+}
+
+func printJSON(w io.Writer, raw []byte) error {
+	var out strings.Builder
+	var v json.RawMessage = raw
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		_, err = w.Write(append(raw, '\n'))
+		return err
+	}
+	out.Write(b)
+	out.WriteByte('\n')
+	_, err = io.WriteString(w, out.String())
+	return err
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider/simulator"
+	"github.com/sys1hq/sys1/worker"
+	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+// startDeployment runs a nats-server and, when withWorker, one worker on the simulator.
+func startDeployment(t *testing.T, withWorker bool) string {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithCancel(context.Background())
+	topo := topology.Default()
+	if !withWorker {
+		// The streams exist (a worker ran once) but nobody consumes.
+		if _, err := topology.Ensure(ctx, js, topo); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cancel)
+		return srv.ClientURL()
+	}
+	a, _ := auth.New(ctx, auth.DefaultConfig(), zerolog.Nop())
+	w, err := worker.New(ctx, worker.Config{Concurrency: 2, MaxDeliver: 2, ShutdownGrace: time.Second, FetchBatch: 2, RetryBase: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond},
+		worker.Options{NC: nc, JS: js, Topology: topo, Provider: simulator.New(0), Policy: contract.Policy{DefaultModel: "nimble"}, Auth: a, Logger: zerolog.Nop(), FetchWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = w.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return srv.ClientURL()
+}
+
+func decide(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), append([]string{"decide"}, args...), &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestDecideExitStatus(t *testing.T) {
+	url := startDeployment(t, true)
+	t.Setenv("SYS1_NATS_URL", url)
+	ticket := filepath.Join("..", "..", "contract", "examples", "ticket.json")
+
+	code, out, errOut := decide(t, "--caller", "cli-test", ticket)
+	if code != exitOK {
+		t.Fatalf("success: exit %d, stderr %s", code, errOut)
+	}
+	var rep contract.Reply
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Status != contract.StatusSuccess || rep.Result.Provider != "simulator" {
+		t.Fatalf("printed reply: %v\n%s", err, out)
+	}
+
+	// --model applies and is checked by the worker: a model outside the allow-list fails.
+	code, out, _ = decide(t, "--model", "not-allowed", ticket)
+	if code != exitFailed || !strings.Contains(out, "SYS1_MODEL_NOT_ALLOWED") {
+		t.Fatalf("failed run: exit %d\n%s", code, out)
+	}
+
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"state":"x","questions":{}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = decide(t, bad)
+	if code != exitFailed || !strings.Contains(out, "SYS1_INVALID_INPUT") {
+		t.Fatalf("invalid request: exit %d\n%s", code, out)
+	}
+
+	code, _, _ = decide(t, "--deadline", "-5s", ticket)
+	if code != exitUsage {
+		t.Errorf("past relative deadline: exit %d", code)
+	}
+	code, out, _ = decide(t, "--deadline", time.Now().Add(-time.Minute).Format(time.RFC3339), ticket)
+	if code != exitFailed || !strings.Contains(out, "SYS1_EXPIRED") {
+		t.Errorf("expired deadline: exit %d\n%s", code, out)
+	}
+
+	code, out, _ = decide(t, "--no-wait", "--run-id", "nowait-1", ticket)
+	if code != exitOK || strings.TrimSpace(out) != "nowait-1" {
+		t.Errorf("--no-wait: exit %d, out %q", code, out)
+	}
+
+	for name, args := range map[string][]string{
+		"unknown flag":  {"--nope", ticket},
+		"missing file":  {filepath.Join(t.TempDir(), "absent.json")},
+		"two files":     {ticket, ticket},
+		"bad caller":    {"--caller", "a b", ticket},
+		"bad deadline":  {"--deadline", "soon", ticket},
+		"model on junk": {"--model", "x", bad + ".missing"},
+	} {
+		if code, _, _ := decide(t, args...); code != exitUsage {
+			t.Errorf("%s: exit %d, want %d", name, code, exitUsage)
+		}
+	}
+}
+
+func TestDecideConnectionErrors(t *testing.T) {
+	ticket := filepath.Join("..", "..", "contract", "examples", "ticket.json")
+	// Nothing listens here.
+	t.Setenv("SYS1_NATS_URL", "nats://127.0.0.1:1")
+	if code, _, errOut := decide(t, ticket); code != exitUsage || !strings.Contains(errOut, "connect to NATS") {
+		t.Errorf("no NATS: exit %d, stderr %s", code, errOut)
+	}
+	// NATS without any worker ever: no stream stores the request.
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	srv.ReadyForConnections(10 * time.Second)
+	t.Cleanup(srv.Shutdown)
+	t.Setenv("SYS1_NATS_URL", srv.ClientURL())
+	if code, _, errOut := decide(t, ticket); code != exitUsage || !strings.Contains(errOut, "worker running") {
+		t.Errorf("no stream: exit %d, stderr %s", code, errOut)
+	}
+	// Streams but no worker: the wait times out.
+	t.Setenv("SYS1_NATS_URL", startDeployment(t, false))
+	if code, _, errOut := decide(t, "--timeout", "300ms", ticket); code != exitUsage || !strings.Contains(errOut, "no reply within") {
+		t.Errorf("no worker: exit %d, stderr %s", code, errOut)
+	}
+}

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/worker/natsconn"
+)
+
+// defaultClientURL is where client commands look when SYS1_NATS_URL is unset: the embedded
+// server a `sys1 worker` starts on a developer's machine.
+const defaultClientURL = "nats://127.0.0.1:4222"
+
+// dialClient connects a client command (decide, bench, sink) with the worker's connection
+// settings (SYS1_NATS_*). Unlike the worker it never starts an embedded server, and it gives
+// up after a few seconds instead of waiting for NATS to appear.
+func dialClient(ctx context.Context, name string, logTo io.Writer) (*natsconn.Conn, error) {
+	cfg := natsconn.DefaultConfig()
+	if err := loadConfig(&cfg); err != nil {
+		return nil, err
+	}
+	if cfg.URL == "" {
+		cfg.URL = defaultClientURL
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	log := zerolog.New(logTo).Level(zerolog.WarnLevel)
+	conn, err := natsconn.Connect(cctx, cfg, name, log)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", natsconn.RedactURLs(cfg.URL), err)
+	}
+	return conn, nil
+}
