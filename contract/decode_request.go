@@ -50,7 +50,9 @@ func DecodeRequest(body []byte) (*Request, *Error) {
 	if !checkDepth(body, MaxDepth) {
 		return nil, invalidInput(Problems{{Path: "body", Message: fmt.Sprintf("nesting deeper than %d levels", MaxDepth)}})
 	}
-	d := requestDecoder{p: parser{data: body}, strict: true}
+	// One string copy of the body backs every name, key, description and image; raw values
+	// (state, instructions) get their own copies. The caller may reuse body afterwards.
+	d := requestDecoder{p: parser{data: body, text: string(body)}, strict: true}
 	req, err := d.decode()
 	if err != nil {
 		d.probs.add("body", err.Error())
@@ -100,35 +102,42 @@ func (r *Request) Validate() error {
 // already reported, so no problem is listed twice.
 func validateRequest(req *Request, rep *reported, probs *problemList) {
 	if !rep.state {
-		validateContent(req.State, "state", probs)
+		if msg := contentProblem(req.State); msg != "" {
+			probs.add("state", msg)
+		}
 	}
 	if !rep.questions && (len(req.Questions) < MinQuestions || len(req.Questions) > MaxQuestions) {
 		probs.add("questions", fmt.Sprintf("must have %d–%d questions, got %d", MinQuestions, MaxQuestions, len(req.Questions)))
 	}
-	names := make(map[string]struct{}, len(req.Questions))
 	for i := range req.Questions {
 		q := &req.Questions[i]
 		var qr questionReported
 		if i < len(rep.q) {
 			qr = rep.q[i]
 		}
-		path := "questions." + q.Name
+		qp := qpath{name: q.Name, raw: q.Name}
 		if q.Name == "" {
-			path = "questions"
-			probs.add(path, "question name must not be blank")
-		} else if _, dup := names[q.Name]; dup {
-			probs.add(path, "duplicate question name (names are compared after trimming)")
+			probs.add("questions", "question name must not be blank")
+		} else {
+			// Questions are at most 64 here (more is already a problem): a scan beats a map.
+			for _, prev := range req.Questions[:i] {
+				if prev.Name == q.Name {
+					probs.add(qp.at(""), "duplicate question name (names are compared after trimming)")
+					break
+				}
+			}
 		}
-		names[q.Name] = struct{}{}
 		if !qr.typ && q.Type != TypeChoice && q.Type != TypeNoul && q.Type != TypeScore {
-			probs.add(path+".type", fmt.Sprintf("must be one of choice, noul, score, got %q", q.Type))
+			probs.add(qp.at(".type"), fmt.Sprintf("must be one of choice, noul, score, got %q", q.Type))
 			qr.criteria = true
 		}
 		if !qr.instructions {
-			validateContent(q.Instructions, path+".instructions", probs)
+			if msg := contentProblem(q.Instructions); msg != "" {
+				probs.add(qp.at(".instructions"), msg)
+			}
 		}
 		if !qr.criteria {
-			validateCriteria(q, path+".criteria", probs)
+			validateCriteria(q, qp, probs)
 		}
 	}
 	for i := range req.Images {
@@ -141,39 +150,42 @@ func validateRequest(req *Request, rep *reported, probs *problemList) {
 	}
 }
 
-// validateContent checks state or instructions: a non-blank string, an object or an array.
-func validateContent(raw []byte, path string, probs *problemList) {
+// contentProblem checks state or instructions (a non-blank string, an object or an array)
+// and returns what is wrong, or "".
+func contentProblem(raw []byte) string {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
-		probs.add(path, "required")
-		return
+		return "required"
 	}
 	switch raw[0] {
 	case '{', '[':
+		return ""
 	case '"':
 		if isBlankJSONString(raw) {
-			probs.add(path, "must not be blank")
+			return "must not be blank"
 		}
+		return ""
 	default:
 		p := parser{data: raw}
-		probs.add(path, "must be a non-blank string, an object or an array, got "+kindName(p.kind()))
+		return "must be a non-blank string, an object or an array, got " + kindName(p.kind())
 	}
 }
 
-func validateCriteria(q *Question, path string, probs *problemList) {
+func validateCriteria(q *Question, qp qpath, probs *problemList) {
+	path := func(suffix string) string { return qp.at(".criteria" + suffix) }
 	switch q.Type {
 	case TypeChoice:
 		if n := len(q.Options); n < MinOptions || n > MaxOptions {
-			probs.add(path, fmt.Sprintf("must have %d–%d options, got %d", MinOptions, MaxOptions, n))
+			probs.add(path(""), fmt.Sprintf("must have %d–%d options, got %d", MinOptions, MaxOptions, n))
 		}
 		for i, o := range q.Options {
 			if o.Key == "" {
-				probs.add(path, "option key must not be blank")
+				probs.add(path(""), "option key must not be blank")
 				continue
 			}
 			for _, prev := range q.Options[:i] {
 				if prev.Key == o.Key {
-					probs.add(path+"."+o.Key, "duplicate option key (keys are compared after trimming)")
+					probs.add(path("."+o.Key), "duplicate option key (keys are compared after trimming)")
 					break
 				}
 			}
@@ -181,22 +193,22 @@ func validateCriteria(q *Question, path string, probs *problemList) {
 	case TypeNoul:
 		for i, o := range q.Options {
 			if o.Key != "true" && o.Key != "false" {
-				probs.add(path+"."+o.Key, `unknown key; a noul question's criteria may only hold "true" and "false"`)
+				probs.add(path("."+o.Key), `unknown key; a noul question's criteria may only hold "true" and "false"`)
 				continue
 			}
 			if o.Description == nil {
-				probs.add(path+"."+o.Key, "must be a string, got null")
+				probs.add(path("."+o.Key), "must be a string, got null")
 			}
 			for _, prev := range q.Options[:i] {
 				if prev.Key == o.Key {
-					probs.add(path+"."+o.Key, "duplicate key")
+					probs.add(path("."+o.Key), "duplicate key")
 					break
 				}
 			}
 		}
 	case TypeScore:
 		if n := len(q.Levels); n < MinLevels || n > MaxLevels {
-			probs.add(path, fmt.Sprintf("must have %d–%d levels, got %d", MinLevels, MaxLevels, n))
+			probs.add(path(""), fmt.Sprintf("must have %d–%d levels, got %d", MinLevels, MaxLevels, n))
 		}
 	}
 }

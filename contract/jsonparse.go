@@ -56,18 +56,25 @@ type syntaxError struct {
 
 func (e *syntaxError) Error() string { return fmt.Sprintf("invalid JSON at byte %d: %s", e.pos, e.msg) }
 
-// pathSeg is one step of a path: an object key or an array index.
+// pathSeg is one step of a path: an object key (as text or as bytes) or an array index.
 type pathSeg struct {
-	key   []byte
+	key   string
+	keyB  []byte
 	index int // -1 for a key
 }
 
 // parser reads one JSON document. strict makes skipped values check for duplicate keys.
 type parser struct {
-	data   []byte
-	pos    int
-	depth  int
-	strict bool
+	data []byte
+	// text, when set, is string(data): strings without escapes are sliced from it, so a
+	// request's names, keys and descriptions cost no allocation each.
+	text string
+	// the span of the key being visited by object's member callback
+	keyS, keyE int
+	keyEsc     bool
+	pos        int
+	depth      int
+	strict     bool
 	// path is the position of the value being read, for problem messages inside raw values.
 	path []pathSeg
 	// dupes collects duplicate-key problems found while skipping raw values.
@@ -270,21 +277,23 @@ func (p *parser) str() (string, error) {
 		return "", err
 	}
 	if !esc {
+		if p.text != "" {
+			return p.text[s:e], nil
+		}
 		return string(p.data[s:e]), nil
 	}
 	return string(unescape(p.data[s:e])), nil
 }
 
-// keyBytes reads an object key; the result aliases the input when it holds no escapes.
-func (p *parser) keyBytes() ([]byte, error) {
-	s, e, esc, err := p.stringSpan()
-	if err != nil {
-		return nil, err
+// keyString returns the key being visited by an object member callback as a string.
+func (p *parser) keyString() string {
+	if !p.keyEsc {
+		if p.text != "" {
+			return p.text[p.keyS:p.keyE]
+		}
+		return string(p.data[p.keyS:p.keyE])
 	}
-	if !esc {
-		return p.data[s:e], nil
-	}
-	return unescape(p.data[s:e]), nil
+	return string(unescape(p.data[p.keyS:p.keyE]))
 }
 
 // number reads a JSON number and returns its span, checking the grammar exactly.
@@ -341,7 +350,13 @@ func (p *parser) float() (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	f, perr := strconv.ParseFloat(string(p.data[s:e]), 64)
+	var num string
+	if p.text != "" {
+		num = p.text[s:e]
+	} else {
+		num = string(p.data[s:e])
+	}
+	f, perr := strconv.ParseFloat(num, 64)
 	if perr != nil {
 		// Out of range: keep the infinity ParseFloat returns; callers reject non-finite values.
 		return f, nil
@@ -433,7 +448,7 @@ func (p *parser) skipObject() error {
 				p.dupes = append(p.dupes, Problem{Path: p.pathString(), Message: fmt.Sprintf("duplicate key %q", key)})
 			}
 		}
-		p.path = append(p.path, pathSeg{key: key, index: -1})
+		p.path = append(p.path, pathSeg{keyB: key, index: -1})
 		_, _, err := p.skip()
 		p.path = p.path[:len(p.path)-1]
 		return err
@@ -460,14 +475,19 @@ func (p *parser) object(member func(key []byte) error) error {
 		if p.kind() != kindString {
 			return p.fail("expected a string key")
 		}
-		key, err := p.keyBytes()
+		s, e, esc, err := p.stringSpan()
 		if err != nil {
 			return err
+		}
+		key := p.data[s:e]
+		if esc {
+			key = unescape(key)
 		}
 		if p.kind() != ':' {
 			return p.fail("expected ':' after object key")
 		}
 		p.pos++
+		p.keyS, p.keyE, p.keyEsc = s, e, esc
 		if err := member(key); err != nil {
 			return err
 		}
@@ -537,15 +557,14 @@ func (p *parser) pathString() string {
 		if i > 0 {
 			sb.WriteByte('.')
 		}
-		sb.Write(s.key)
+		if s.keyB != nil {
+			sb.Write(s.keyB)
+		} else {
+			sb.WriteString(s.key)
+		}
 	}
 	return sb.String()
 }
-
-// pushKey and pop maintain the path around a nested read.
-func (p *parser) pushKey(key string) { p.path = append(p.path, pathSeg{key: []byte(key), index: -1}) }
-func (p *parser) pushIndex(i int)    { p.path = append(p.path, pathSeg{index: i}) }
-func (p *parser) pop()               { p.path = p.path[:len(p.path)-1] }
 
 // isBlankJSONString reports whether a raw JSON string value (with quotes) holds only space.
 func isBlankJSONString(raw []byte) bool {

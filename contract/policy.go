@@ -196,6 +196,10 @@ func Redact(req *Request) *Request {
 	out := *req
 	out.KeepAlive = nil
 	if len(req.Images) > 0 {
+		// Decoded strings are slices of the body, images included: a redacted copy that
+		// shared them would keep megabytes of base64 alive in whatever holds the record.
+		out.Model = strings.Clone(req.Model)
+		out.Questions = cloneQuestions(req.Questions)
 		out.Images = make([]Image, len(req.Images))
 		for i, im := range req.Images {
 			if im.Data != "" && im.SHA256 == "" {
@@ -215,6 +219,35 @@ func (r *Request) ImageRefs() []ImageRef {
 	out := make([]ImageRef, len(r.Images))
 	for i, im := range r.Images {
 		out[i] = im.Ref()
+	}
+	return out
+}
+
+// cloneQuestions deep-copies questions so that no string aliases the decoded body.
+func cloneQuestions(qs []Question) []Question {
+	out := make([]Question, len(qs))
+	for i, q := range qs {
+		q.Name = strings.Clone(q.Name)
+		q.Type = QuestionType(strings.Clone(string(q.Type)))
+		if q.Options != nil {
+			opts := make([]Option, len(q.Options))
+			for j, o := range q.Options {
+				opts[j].Key = strings.Clone(o.Key)
+				if o.Description != nil {
+					d := strings.Clone(*o.Description)
+					opts[j].Description = &d
+				}
+			}
+			q.Options = opts
+		}
+		if q.Levels != nil {
+			lv := make([]string, len(q.Levels))
+			for j, l := range q.Levels {
+				lv[j] = strings.Clone(l)
+			}
+			q.Levels = lv
+		}
+		out[i] = q
 	}
 	return out
 }

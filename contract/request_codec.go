@@ -139,7 +139,8 @@ func (r ImageRef) appendJSON(b []byte) []byte {
 // accepted. It is how stored run records are read back; untrusted bodies go through
 // DecodeRequest instead.
 func (r *Request) UnmarshalJSON(b []byte) error {
-	d := requestDecoder{p: parser{data: b}}
+	// Strings are sliced from one copy of b: encoding/json reuses its buffer after we return.
+	d := requestDecoder{p: parser{data: b, text: string(b)}}
 	req, err := d.decode()
 	if err != nil {
 		return fmt.Errorf("contract: decode request: %w", err)
@@ -160,6 +161,7 @@ type requestDecoder struct {
 	strict bool
 	probs  problemList
 	seen   reported
+	descs  []string
 }
 
 // reported tracks what the reader already found wrong or missing.
@@ -188,10 +190,30 @@ func (d *requestDecoder) take(seen *int, bit int, path string) {
 	*seen |= bit
 }
 
-// skipRaw skips a value at path, collecting duplicate keys inside it (strict), and returns a
-// copy of its bytes.
-func (d *requestDecoder) skipRaw(path string) ([]byte, error) {
-	d.p.path = append(d.p.path[:0], pathSeg{key: []byte(path), index: -1})
+// qpath names a question in problem paths; it is only rendered when there is a problem, so
+// a valid request builds no path strings.
+type qpath struct{ name, raw string }
+
+// at returns "questions.<name>" + suffix (the raw key, quoted, when the name is blank).
+func (q qpath) at(suffix string) string {
+	return "questions." + q.display() + suffix
+}
+
+// display is the question's name in paths: the raw key, quoted, when the name is blank.
+func (q qpath) display() string {
+	if q.name == "" {
+		return strconv.Quote(q.raw)
+	}
+	return q.name
+}
+
+// skipRaw skips a value at the path made of segs, collecting duplicate keys inside it
+// (strict), and returns a copy of its bytes.
+func (d *requestDecoder) skipRaw(segs ...string) ([]byte, error) {
+	d.p.path = d.p.path[:0]
+	for _, seg := range segs {
+		d.p.path = append(d.p.path, pathSeg{key: seg, index: -1})
+	}
 	s, e, err := d.p.skip()
 	d.p.path = d.p.path[:0]
 	d.flushDupes()
@@ -216,6 +238,16 @@ func (d *requestDecoder) skipQuiet() error {
 	_, _, err := d.p.skip()
 	d.p.strict = strict
 	return err
+}
+
+// description returns a stable pointer to s from a slab, so option descriptions cost one
+// allocation per 32 instead of one each. Slabs are never grown, so pointers stay valid.
+func (d *requestDecoder) description(s string) *string {
+	if len(d.descs) == cap(d.descs) {
+		d.descs = make([]string, 0, 32)
+	}
+	d.descs = append(d.descs, s)
+	return &d.descs[len(d.descs)-1]
 }
 
 func (d *requestDecoder) decode() (*Request, error) {
@@ -299,16 +331,9 @@ func (d *requestDecoder) decode() (*Request, error) {
 	return req, nil
 }
 
-func questionPath(name, rawKey string) string {
-	if name == "" {
-		return "questions." + strconv.Quote(rawKey)
-	}
-	return "questions." + name
-}
-
 func (d *requestDecoder) questions(req *Request) error {
 	if k := d.p.kind(); k != kindObject {
-		if k == kindNull || d.strict {
+		if d.strict {
 			d.probs.add("questions", "must be an object of named questions, got "+kindName(k))
 		}
 		d.seen.questions = true
@@ -317,7 +342,7 @@ func (d *requestDecoder) questions(req *Request) error {
 	// Raw keys seen so far; questions are few (≤ 64 valid), so a linear scan is cheapest.
 	var rawKeys []string
 	return d.p.object(func(key []byte) error {
-		rawKey := string(key)
+		rawKey := d.p.keyString()
 		for _, k := range rawKeys {
 			if k == rawKey {
 				if d.strict {
@@ -326,9 +351,13 @@ func (d *requestDecoder) questions(req *Request) error {
 				return d.skipQuiet()
 			}
 		}
+		if rawKeys == nil {
+			rawKeys = make([]string, 0, 16)
+			req.Questions = make([]Question, 0, 8)
+		}
 		rawKeys = append(rawKeys, rawKey)
 		name := strings.TrimSpace(rawKey)
-		q, rep, err := d.question(name, questionPath(name, rawKey))
+		q, rep, err := d.question(name, qpath{name, rawKey})
 		if err != nil {
 			return err
 		}
@@ -339,12 +368,12 @@ func (d *requestDecoder) questions(req *Request) error {
 }
 
 // question reads one question object.
-func (d *requestDecoder) question(name, path string) (Question, questionReported, error) {
+func (d *requestDecoder) question(name string, path qpath) (Question, questionReported, error) {
 	q := Question{Name: name}
 	var rep questionReported
 	if k := d.p.kind(); k != kindObject {
 		if d.strict {
-			d.probs.add(path, "must be an object with type, instructions and criteria, got "+kindName(k))
+			d.probs.add(path.at(""), "must be an object with type, instructions and criteria, got "+kindName(k))
 		}
 		return q, questionReported{true, true, true}, d.skipQuiet()
 	}
@@ -359,10 +388,13 @@ func (d *requestDecoder) question(name, path string) (Question, questionReported
 	err := d.p.object(func(key []byte) error {
 		switch string(key) {
 		case "type":
-			d.take(&seen, fType, path+".type")
+			if seen&fType != 0 && d.strict {
+				d.probs.add(path.at(".type"), "duplicate key")
+			}
+			seen |= fType
 			if k := d.p.kind(); k != kindString {
 				if d.strict {
-					d.probs.add(path+".type", "must be one of choice, noul, score, got "+kindName(k))
+					d.probs.add(path.at(".type"), "must be one of choice, noul, score, got "+kindName(k))
 				}
 				rep.typ = true
 				return d.skipQuiet()
@@ -375,22 +407,28 @@ func (d *requestDecoder) question(name, path string) (Question, questionReported
 			typeKnown = true
 			return nil
 		case "instructions":
-			d.take(&seen, fInstructions, path+".instructions")
-			raw, err := d.skipRaw(path + ".instructions")
+			if seen&fInstructions != 0 && d.strict {
+				d.probs.add(path.at(".instructions"), "duplicate key")
+			}
+			seen |= fInstructions
+			raw, err := d.skipRaw("questions", path.display(), "instructions")
 			q.Instructions = raw
 			return err
 		case "criteria":
-			d.take(&seen, fCriteria, path+".criteria")
+			if seen&fCriteria != 0 && d.strict {
+				d.probs.add(path.at(".criteria"), "duplicate key")
+			}
+			seen |= fCriteria
 			if typeKnown || !d.strict {
 				critDone = true
-				return d.criteria(&q, &rep, path+".criteria", typeKnown)
+				return d.criteria(&q, &rep, path, typeKnown)
 			}
 			// The type comes later in this object: read the criteria once it is known.
 			critStart = d.p.pos
 			return d.skipQuiet()
 		default:
 			if d.strict {
-				d.probs.add(path+"."+string(key), "unknown field (allowed: type, instructions, criteria)")
+				d.probs.add(path.at("."+string(key)), "unknown field (allowed: type, instructions, criteria)")
 			}
 			return d.skipQuiet()
 		}
@@ -403,7 +441,7 @@ func (d *requestDecoder) question(name, path string) (Question, questionReported
 		depth := d.p.depth
 		d.p.pos = critStart
 		d.p.depth = depth + 1 // inside the question object
-		err := d.criteria(&q, &rep, path+".criteria", typeKnown)
+		err := d.criteria(&q, &rep, path, typeKnown)
 		d.p.pos, d.p.depth = end, depth
 		if err != nil {
 			return q, rep, err
@@ -411,15 +449,15 @@ func (d *requestDecoder) question(name, path string) (Question, questionReported
 	}
 	if d.strict {
 		if seen&fType == 0 {
-			d.probs.add(path+".type", "required (one of choice, noul, score)")
+			d.probs.add(path.at(".type"), "required (one of choice, noul, score)")
 			rep.typ = true
 		}
 		if seen&fInstructions == 0 {
-			d.probs.add(path+".instructions", "required")
+			d.probs.add(path.at(".instructions"), "required")
 			rep.instructions = true
 		}
 		if seen&fCriteria == 0 && (q.Type == TypeChoice || q.Type == TypeScore) {
-			d.probs.add(path+".criteria", "required for a "+string(q.Type)+" question")
+			d.probs.add(path.at(".criteria"), "required for a "+string(q.Type)+" question")
 			rep.criteria = true
 		}
 	}
@@ -428,7 +466,7 @@ func (d *requestDecoder) question(name, path string) (Question, questionReported
 
 // criteria reads a question's criteria according to its type. In lenient mode, or when the
 // type is unknown, the shape decides: an object holds options, an array holds levels.
-func (d *requestDecoder) criteria(q *Question, rep *questionReported, path string, typeKnown bool) error {
+func (d *requestDecoder) criteria(q *Question, rep *questionReported, qp qpath, typeKnown bool) error {
 	k := d.p.kind()
 	typ := q.Type
 	if !d.strict || !typeKnown || (typ != TypeChoice && typ != TypeNoul && typ != TypeScore) {
@@ -440,59 +478,63 @@ func (d *requestDecoder) criteria(q *Question, rep *questionReported, path strin
 		switch k {
 		case kindObject:
 			q.HasCriteria = true
-			return d.options(q, path, false)
+			return d.options(q, qp, false)
 		case kindArray:
-			return d.levels(q, path)
+			return d.levels(q, qp)
 		}
 		return d.skipQuiet()
 	}
 	switch typ {
 	case TypeChoice:
 		if k != kindObject {
-			d.probs.add(path, "must be an object mapping option keys to descriptions (a string or null), got "+kindName(k))
+			d.probs.add(qp.at(".criteria"), "must be an object mapping option keys to descriptions (a string or null), got "+kindName(k))
 			rep.criteria = true
 			return d.skipQuiet()
 		}
-		return d.options(q, path, false)
+		return d.options(q, qp, false)
 	case TypeNoul:
 		if k == kindNull {
 			return d.skipQuiet()
 		}
 		if k != kindObject {
-			d.probs.add(path, `must be an object with optional "true" and "false" descriptions, got `+kindName(k))
+			d.probs.add(qp.at(".criteria"), `must be an object with optional "true" and "false" descriptions, got `+kindName(k))
 			rep.criteria = true
 			return d.skipQuiet()
 		}
 		q.HasCriteria = true
-		return d.options(q, path, true)
+		return d.options(q, qp, true)
 	default: // TypeScore
 		if k != kindArray {
-			d.probs.add(path, "must be an array of 2–26 level descriptions, got "+kindName(k))
+			d.probs.add(qp.at(".criteria"), "must be an array of 2–26 level descriptions, got "+kindName(k))
 			rep.criteria = true
 			return d.skipQuiet()
 		}
-		return d.levels(q, path)
+		return d.levels(q, qp)
 	}
 }
 
 // options reads an object of option key → description. noul restricts keys to "true" and
 // "false" with string values.
-func (d *requestDecoder) options(q *Question, path string, noul bool) error {
-	var rawKeys []string
+func (d *requestDecoder) options(q *Question, qp qpath, noul bool) error {
+	var small [8]string
+	rawKeys := small[:0]
 	return d.p.object(func(key []byte) error {
-		rawKey := string(key)
+		rawKey := d.p.keyString()
 		for _, k := range rawKeys {
 			if k == rawKey {
 				if d.strict {
-					d.probs.add(path, fmt.Sprintf("duplicate key %q", rawKey))
+					d.probs.add(qp.at(".criteria"), fmt.Sprintf("duplicate key %q", rawKey))
 				}
 				return d.skipQuiet()
 			}
 		}
+		if q.Options == nil {
+			q.Options = make([]Option, 0, 4)
+		}
 		rawKeys = append(rawKeys, rawKey)
 		opt := Option{Key: strings.TrimSpace(rawKey)}
 		if noul && d.strict && rawKey != "true" && rawKey != "false" {
-			d.probs.add(path+"."+rawKey, `unknown key; a noul question's criteria may only hold "true" and "false"`)
+			d.probs.add(qp.at(".criteria."+rawKey), `unknown key; a noul question's criteria may only hold "true" and "false"`)
 			return d.skipQuiet()
 		}
 		switch k := d.p.kind(); {
@@ -501,7 +543,7 @@ func (d *requestDecoder) options(q *Question, path string, noul bool) error {
 			if err != nil {
 				return err
 			}
-			opt.Description = &s
+			opt.Description = d.description(s)
 		case k == kindNull && !noul:
 			if err := d.p.literal("null"); err != nil {
 				return err
@@ -512,7 +554,7 @@ func (d *requestDecoder) options(q *Question, path string, noul bool) error {
 				if noul {
 					want = "must be a string, got "
 				}
-				d.probs.add(path+"."+rawKey, want+kindName(k))
+				d.probs.add(qp.at(".criteria."+rawKey), want+kindName(k))
 			}
 			if noul && d.strict {
 				return d.skipQuiet() // reported; validation must not see it again
@@ -526,14 +568,14 @@ func (d *requestDecoder) options(q *Question, path string, noul bool) error {
 	})
 }
 
-func (d *requestDecoder) levels(q *Question, path string) error {
+func (d *requestDecoder) levels(q *Question, qp qpath) error {
 	q.Levels = make([]string, 0, 8)
 	i := 0
 	return d.p.array(func() error {
 		defer func() { i++ }()
 		if k := d.p.kind(); k != kindString {
 			if d.strict {
-				d.probs.add(fmt.Sprintf("%s[%d]", path, i), "must be a string, got "+kindName(k))
+				d.probs.add(fmt.Sprintf("%s[%d]", qp.at(".criteria"), i), "must be a string, got "+kindName(k))
 			}
 			q.Levels = append(q.Levels, "")
 			return d.skipQuiet()

@@ -42,7 +42,8 @@ func DecodeResponse(req *Request, body []byte) (*Response, *Error) {
 		return nil, upstreamError(Problems{{Path: "body", Message: fmt.Sprintf("nesting deeper than %d levels", MaxDepth)}})
 	}
 	// One copy of the body backs every Raw and Extra value: callers may reuse their buffer.
-	d := responseDecoder{p: parser{data: bytes.Clone(body), strict: true}, strict: true, req: req}
+	buf := bytes.Clone(body)
+	d := responseDecoder{p: parser{data: buf, text: string(buf), strict: true}, strict: true, req: req}
 	resp, err := d.decode()
 	if err != nil {
 		d.probs.add("body", err.Error())
@@ -53,6 +54,13 @@ func DecodeResponse(req *Request, body []byte) (*Response, *Error) {
 	}
 	return resp, nil
 }
+
+// apath names a place in an answer for problem messages; it is only rendered when there is a
+// problem, so a valid response builds no path strings.
+type apath struct{ name, sub string }
+
+func (p apath) at(suffix string) string { return "answers." + p.name + p.sub + suffix }
+func (p apath) with(sub string) apath   { return apath{name: p.name, sub: p.sub + sub} }
 
 type responseDecoder struct {
 	p      parser
@@ -71,7 +79,7 @@ func (d *responseDecoder) skipQuiet() error {
 
 // skipChecked skips a value at path, reporting duplicate keys inside it, and returns its span.
 func (d *responseDecoder) skipChecked(path string) ([]byte, error) {
-	d.p.path = append(d.p.path[:0], pathSeg{key: []byte(path), index: -1})
+	d.p.path = append(d.p.path[:0], pathSeg{key: path, index: -1})
 	s, e, err := d.p.skip()
 	d.p.path = d.p.path[:0]
 	if len(d.p.dupes) > 0 {
@@ -91,15 +99,15 @@ func (d *responseDecoder) decode() (*Response, error) {
 	resp := &Response{}
 	var found []Answer // arrival order; reordered below
 	var foundIdx []int
-	seenTop := map[string]bool{}
+	var seenTop []string // top-level keys: a handful
 	answersSeen, answersBad := false, false
 	err := d.p.object(func(key []byte) error {
-		k := string(key)
-		if seenTop[k] {
+		k := d.p.keyString()
+		if contains(seenTop, k) {
 			d.probs.add(k, "duplicate key")
 			return d.skipQuiet()
 		}
-		seenTop[k] = true
+		seenTop = append(seenTop, k)
 		switch k {
 		case "model":
 			if kd := d.p.kind(); kd != kindString {
@@ -117,11 +125,11 @@ func (d *responseDecoder) decode() (*Response, error) {
 				return d.skipQuiet()
 			}
 			return d.p.object(func(key []byte) error {
-				name := string(key)
-				path := "answers." + name
+				name := d.p.keyString()
+				path := apath{name: name}
 				qi := d.questionIndex(name)
 				if qi < 0 {
-					d.probs.add(path, "answers no question of the request")
+					d.probs.add(path.at(""), "answers no question of the request")
 					return d.skipQuiet()
 				}
 				for _, j := range foundIdx {
@@ -202,10 +210,10 @@ func (d *responseDecoder) usage(u *Usage) error {
 			_, err := d.skipChecked("usage." + string(key))
 			return err
 		}
-		path := "usage." + string(key)
+		path := func() string { return "usage." + string(key) }
 		if k := d.p.kind(); k != kindNumber {
 			if d.strict {
-				d.probs.add(path, "must be a non-negative integer, got "+kindName(k))
+				d.probs.add(path(), "must be a non-negative integer, got "+kindName(k))
 			}
 			return d.skipQuiet()
 		}
@@ -214,7 +222,7 @@ func (d *responseDecoder) usage(u *Usage) error {
 			return err
 		}
 		if d.strict && (f < 0 || f != math.Trunc(f) || f > 1<<53) {
-			d.probs.add(path, fmt.Sprintf("must be a non-negative integer, got %v", f))
+			d.probs.add(path(), fmt.Sprintf("must be a non-negative integer, got %v", f))
 			return nil
 		}
 		*dst = int64(f)
@@ -238,12 +246,12 @@ type answerState struct{ present, bad int }
 func (s answerState) ok(bit int) bool { return s.present&bit != 0 && s.bad&bit == 0 }
 
 // answer reads one answer object, keeping its bytes as Raw.
-func (d *responseDecoder) answer(name, path string) (Answer, answerState, error) {
+func (d *responseDecoder) answer(name string, path apath) (Answer, answerState, error) {
 	a := Answer{Name: name}
 	var st answerState
 	if k := d.p.kind(); k != kindObject {
 		if d.strict {
-			d.probs.add(path, "must be an object, got "+kindName(k))
+			d.probs.add(path.at(""), "must be an object, got "+kindName(k))
 		}
 		st.bad = -1
 		s, e, err := d.p.skip()
@@ -253,11 +261,12 @@ func (d *responseDecoder) answer(name, path string) (Answer, answerState, error)
 		return a, st, err
 	}
 	start := d.p.pos
-	var keys []string
+	var small [8]string
+	keys := small[:0]
 	num := func(bit int, field string, dst *float64) error {
 		if k := d.p.kind(); k != kindNumber {
 			if d.strict {
-				d.probs.add(path+"."+field, "must be a number, got "+kindName(k))
+				d.probs.add(path.at("."+field), "must be a number, got "+kindName(k))
 			}
 			st.bad |= bit
 			return d.skipQuiet()
@@ -267,11 +276,11 @@ func (d *responseDecoder) answer(name, path string) (Answer, answerState, error)
 		return err
 	}
 	err := d.p.object(func(key []byte) error {
-		k := string(key)
+		k := d.p.keyString()
 		for _, prev := range keys {
 			if prev == k {
 				if d.strict {
-					d.probs.add(path, fmt.Sprintf("duplicate key %q", k))
+					d.probs.add(path.at(""), fmt.Sprintf("duplicate key %q", k))
 				}
 				return d.skipQuiet()
 			}
@@ -282,7 +291,7 @@ func (d *responseDecoder) answer(name, path string) (Answer, answerState, error)
 			st.present |= aType
 			if kd := d.p.kind(); kd != kindString {
 				if d.strict {
-					d.probs.add(path+".type", "must be a string, got "+kindName(kd))
+					d.probs.add(path.at(".type"), "must be a string, got "+kindName(kd))
 				}
 				st.bad |= aType
 				return d.skipQuiet()
@@ -294,7 +303,7 @@ func (d *responseDecoder) answer(name, path string) (Answer, answerState, error)
 			st.present |= aChoice
 			if kd := d.p.kind(); kd != kindString {
 				if d.strict {
-					d.probs.add(path+".choice", "must be a string, got "+kindName(kd))
+					d.probs.add(path.at(".choice"), "must be a string, got "+kindName(kd))
 				}
 				st.bad |= aChoice
 				return d.skipQuiet()
@@ -321,12 +330,12 @@ func (d *responseDecoder) answer(name, path string) (Answer, answerState, error)
 			return err
 		case "probabilities":
 			st.present |= aProbabilities
-			return d.probabilities(&a, &st, path+".probabilities")
+			return d.probabilities(&a, &st, path.with(".probabilities"))
 		case "legend":
 			st.present |= aLegend
-			return d.legend(&a, &st, path+".legend")
+			return d.legend(&a, &st, path.with(".legend"))
 		default:
-			_, err := d.skipChecked(path + "." + k)
+			_, err := d.skipChecked(path.at("." + k))
 			return err
 		}
 	})
@@ -337,20 +346,20 @@ func (d *responseDecoder) answer(name, path string) (Answer, answerState, error)
 	return a, st, nil
 }
 
-func (d *responseDecoder) probabilities(a *Answer, st *answerState, path string) error {
+func (d *responseDecoder) probabilities(a *Answer, st *answerState, path apath) error {
 	if k := d.p.kind(); k != kindObject {
 		if d.strict {
-			d.probs.add(path, "must be an object of key → probability, got "+kindName(k))
+			d.probs.add(path.at(""), "must be an object of key → probability, got "+kindName(k))
 		}
 		st.bad |= aProbabilities
 		return d.skipQuiet()
 	}
 	return d.p.object(func(key []byte) error {
-		k := string(key)
+		k := d.p.keyString()
 		for _, prev := range a.Probabilities {
 			if prev.Key == k {
 				if d.strict {
-					d.probs.add(path, fmt.Sprintf("duplicate key %q", k))
+					d.probs.add(path.at(""), fmt.Sprintf("duplicate key %q", k))
 				}
 				st.bad |= aProbabilities
 				return d.skipQuiet()
@@ -358,7 +367,7 @@ func (d *responseDecoder) probabilities(a *Answer, st *answerState, path string)
 		}
 		if kd := d.p.kind(); kd != kindNumber {
 			if d.strict {
-				d.probs.add(path+"."+k, "must be a number, got "+kindName(kd))
+				d.probs.add(path.at("."+k), "must be a number, got "+kindName(kd))
 			}
 			st.bad |= aProbabilities
 			return d.skipQuiet()
@@ -369,15 +378,15 @@ func (d *responseDecoder) probabilities(a *Answer, st *answerState, path string)
 	})
 }
 
-func (d *responseDecoder) legend(a *Answer, st *answerState, path string) error {
+func (d *responseDecoder) legend(a *Answer, st *answerState, path apath) error {
 	switch k := d.p.kind(); k {
 	case kindObject:
 		return d.p.object(func(key []byte) error {
-			kk := string(key)
+			kk := d.p.keyString()
 			for _, prev := range a.Legend {
 				if prev.Key == kk {
 					if d.strict {
-						d.probs.add(path, fmt.Sprintf("duplicate key %q", kk))
+						d.probs.add(path.at(""), fmt.Sprintf("duplicate key %q", kk))
 					}
 					st.bad |= aLegend
 					return d.skipQuiet()
@@ -385,7 +394,7 @@ func (d *responseDecoder) legend(a *Answer, st *answerState, path string) error 
 			}
 			if kd := d.p.kind(); kd != kindString {
 				if d.strict {
-					d.probs.add(path+"."+kk, "must be a string, got "+kindName(kd))
+					d.probs.add(path.at("."+kk), "must be a string, got "+kindName(kd))
 				}
 				st.bad |= aLegend
 				return d.skipQuiet()
@@ -400,7 +409,7 @@ func (d *responseDecoder) legend(a *Answer, st *answerState, path string) error 
 			defer func() { i++ }()
 			if kd := d.p.kind(); kd != kindString {
 				if d.strict {
-					d.probs.add(fmt.Sprintf("%s[%d]", path, i), "must be a string, got "+kindName(kd))
+					d.probs.add(fmt.Sprintf("%s[%d]", path.at(""), i), "must be a string, got "+kindName(kd))
 				}
 				st.bad |= aLegend
 				return d.skipQuiet()
@@ -411,7 +420,7 @@ func (d *responseDecoder) legend(a *Answer, st *answerState, path string) error 
 		})
 	default:
 		if d.strict {
-			d.probs.add(path, "must be an object or an array of level labels, got "+kindName(k))
+			d.probs.add(path.at(""), "must be an object or an array of level labels, got "+kindName(k))
 		}
 		st.bad |= aLegend
 		return d.skipQuiet()
@@ -423,43 +432,44 @@ func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 func unit(f float64) bool { return finite(f) && f >= 0 && f <= 1 }
 
 // checkAnswer checks a parsed answer against its question.
-func checkAnswer(q *Question, a *Answer, st answerState, path string, probs *problemList) {
+func checkAnswer(q *Question, a *Answer, st answerState, path apath, probs *problemList) {
 	if st.bad == -1 {
 		return // not an object; already reported
 	}
 	if st.present&aType == 0 {
-		probs.add(path+".type", "required")
+		probs.add(path.at(".type"), "required")
 		return
 	}
 	if !st.ok(aType) {
 		return
 	}
 	if a.Type != q.Type {
-		probs.add(path+".type", fmt.Sprintf("must be %q (the question's type), got %q", q.Type, a.Type))
+		probs.add(path.at(".type"), fmt.Sprintf("must be %q (the question's type), got %q", q.Type, a.Type))
 		return
 	}
 	if st.ok(aConfidence) && a.Confidence != nil && !unit(*a.Confidence) {
-		probs.add(path+".confidence", fmt.Sprintf("must be in [0, 1], got %v", *a.Confidence))
+		probs.add(path.at(".confidence"), fmt.Sprintf("must be in [0, 1], got %v", *a.Confidence))
 	}
 	switch q.Type {
 	case TypeChoice:
-		keys := make([]string, len(q.Options))
+		var small [MaxOptions]string
+		keys := small[:len(q.Options)]
 		for i, o := range q.Options {
 			keys[i] = o.Key
 		}
 		switch {
 		case st.present&aChoice == 0:
-			probs.add(path+".choice", "required")
+			probs.add(path.at(".choice"), "required")
 		case st.ok(aChoice) && !contains(keys, a.Choice):
-			probs.add(path+".choice", fmt.Sprintf("%q is not one of the options (%s)", a.Choice, strings.Join(keys, ", ")))
+			probs.add(path.at(".choice"), fmt.Sprintf("%q is not one of the options (%s)", a.Choice, strings.Join(keys, ", ")))
 		}
 		checkDistribution(a, st, keys, path, true, probs)
 	case TypeNoul:
 		switch {
 		case st.present&aNoul == 0:
-			probs.add(path+".noul", "required")
+			probs.add(path.at(".noul"), "required")
 		case st.ok(aNoul) && !unit(a.Noul):
-			probs.add(path+".noul", fmt.Sprintf("must be a probability in [0, 1], got %v", a.Noul))
+			probs.add(path.at(".noul"), fmt.Sprintf("must be a probability in [0, 1], got %v", a.Noul))
 		}
 		checkDistribution(a, st, []string{"true", "false"}, path, false, probs)
 	case TypeScore:
@@ -470,19 +480,19 @@ func checkAnswer(q *Question, a *Answer, st answerState, path string, probs *pro
 		keys := levelKeys[:n]
 		switch {
 		case st.present&aScore == 0:
-			probs.add(path+".score", "required")
+			probs.add(path.at(".score"), "required")
 		case st.ok(aScore) && !(finite(a.Score) && a.Score >= 0 && a.Score <= float64(n-1)):
-			probs.add(path+".score", fmt.Sprintf("must be in [0, %d], got %v", n-1, a.Score))
+			probs.add(path.at(".score"), fmt.Sprintf("must be in [0, %d], got %v", n-1, a.Score))
 		}
 		checkDistribution(a, st, keys, path, true, probs)
 		if st.ok(aLegend) {
 			for i, e := range a.Legend {
 				if !contains(keys, e.Key) {
-					probs.add(path+".legend."+e.Key, fmt.Sprintf("is not a level index (0–%d)", n-1))
+					probs.add(path.at(".legend."+e.Key), fmt.Sprintf("is not a level index (0–%d)", n-1))
 				}
 				for _, prev := range a.Legend[:i] {
 					if prev.Key == e.Key {
-						probs.add(path+".legend."+e.Key, "duplicate level")
+						probs.add(path.at(".legend."+e.Key), "duplicate level")
 					}
 				}
 			}
@@ -491,11 +501,11 @@ func checkAnswer(q *Question, a *Answer, st answerState, path string, probs *pro
 }
 
 // checkDistribution checks probabilities: keyed exactly by keys, each in [0, 1], summing to 1.
-func checkDistribution(a *Answer, st answerState, keys []string, path string, required bool, probs *problemList) {
-	path += ".probabilities"
+func checkDistribution(a *Answer, st answerState, keys []string, path apath, required bool, probs *problemList) {
+	path = path.with(".probabilities")
 	if st.present&aProbabilities == 0 {
 		if required {
-			probs.add(path, "required")
+			probs.add(path.at(""), "required")
 		}
 		return
 	}
@@ -506,12 +516,12 @@ func checkDistribution(a *Answer, st answerState, keys []string, path string, re
 	sane := true
 	for _, pr := range a.Probabilities {
 		if !contains(keys, pr.Key) {
-			probs.add(path+"."+pr.Key, fmt.Sprintf("is not a key of the question (%s)", strings.Join(keys, ", ")))
+			probs.add(path.at("."+pr.Key), fmt.Sprintf("is not a key of the question (%s)", strings.Join(keys, ", ")))
 			sane = false
 			continue
 		}
 		if !unit(pr.P) {
-			probs.add(path+"."+pr.Key, fmt.Sprintf("must be in [0, 1], got %v", pr.P))
+			probs.add(path.at("."+pr.Key), fmt.Sprintf("must be in [0, 1], got %v", pr.P))
 			sane = false
 			continue
 		}
@@ -526,12 +536,12 @@ func checkDistribution(a *Answer, st answerState, keys []string, path string, re
 			}
 		}
 		if !found {
-			probs.add(path, fmt.Sprintf("missing %q", k))
+			probs.add(path.at(""), fmt.Sprintf("missing %q", k))
 			sane = false
 		}
 	}
 	if sane && math.Abs(sum-1) > ProbabilityTolerance {
-		probs.add(path, fmt.Sprintf("sum to %.4f, not 1 (±%v)", sum, ProbabilityTolerance))
+		probs.add(path.at(""), fmt.Sprintf("sum to %.4f, not 1 (±%v)", sum, ProbabilityTolerance))
 	}
 }
 
@@ -663,7 +673,8 @@ func (r *Result) AppendJSON(b []byte) []byte {
 // UnmarshalJSON reads a result leniently (no request to check against): answers keep their
 // order and bytes (Raw) and get their typed fields filled, which the sink flattens.
 func (r *Result) UnmarshalJSON(b []byte) error {
-	d := responseDecoder{p: parser{data: bytes.Clone(b)}}
+	buf := bytes.Clone(b)
+	d := responseDecoder{p: parser{data: buf, text: string(buf)}}
 	if d.p.kind() != kindObject {
 		return fmt.Errorf("contract: decode result: %w", d.p.fail("expected an object"))
 	}
@@ -686,8 +697,8 @@ func (r *Result) UnmarshalJSON(b []byte) error {
 				return d.skipQuiet()
 			}
 			return d.p.object(func(key []byte) error {
-				name := string(key)
-				a, _, err := d.answer(name, "answers."+name)
+				name := d.p.keyString()
+				a, _, err := d.answer(name, apath{name: name})
 				out.Answers = append(out.Answers, a)
 				return err
 			})

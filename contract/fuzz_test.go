@@ -1,0 +1,129 @@
+package contract
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// seedRequests are the examples, the golden files and a handful of broken bodies.
+func seedRequests(f *testing.F) {
+	files, _ := filepath.Glob("examples/*.json")
+	golden, _ := filepath.Glob("testdata/golden/*.json")
+	for _, name := range append(files, golden...) {
+		if strings.Contains(name, "reply") || strings.Contains(name, "record") {
+			continue
+		}
+		b, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	for _, s := range []string{
+		``, `{}`, `[]`, `null`, `{"state":"s","questions":{}}`,
+		`{"state":{"a":1,"a":2},"questions":{"q":{"type":"noul","instructions":"?"}}}`,
+		`{"state":"\ud800","questions":{}}`,
+		`{"state":"s","questions":{"l":{"criteria":{"a":1},"type":"choice"}}}`,
+		`{"state":` + strings.Repeat("[", 100) + `}`,
+		`{"state":"s","questions":{"q":{"type":"noul","instructions":"?"}},"images":["iVBO","data:x",""],"keep_alive":5}`,
+	} {
+		f.Add([]byte(s))
+	}
+}
+
+// FuzzDecodeRequest: decode + validate + resolve + encode never panics, and whatever decodes
+// re-encodes canonically: the encoding decodes again (strictly and leniently) to the same bytes.
+func FuzzDecodeRequest(f *testing.F) {
+	seedRequests(f)
+	pol := Policy{DefaultModel: "nimble", AllowedModels: []string{"clef"}, KeepAlive: "5m"}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, derr := DecodeRequest(body)
+		if derr != nil {
+			if derr.Code != CodeInvalidInput && derr.Code != CodeRequestTooLarge {
+				t.Fatalf("unexpected code %s", derr.Code)
+			}
+			if !strings.HasPrefix(derr.Message, "["+string(derr.Code)+"] ") {
+				t.Fatalf("message %q", derr.Message)
+			}
+			return
+		}
+		if res, rerr := pol.Resolve(req); rerr == nil {
+			if _, err := res.MarshalJSON(); err != nil {
+				t.Fatal(err)
+			}
+			_ = Redact(res)
+		}
+		b1, _ := req.MarshalJSON()
+		again, derr := DecodeRequest(b1)
+		if derr != nil {
+			t.Fatalf("encoding of a valid request is invalid: %v\n%s", derr, b1)
+		}
+		b2, _ := again.MarshalJSON()
+		if !bytes.Equal(b1, b2) {
+			t.Fatalf("not canonical:\n%s\n%s", b1, b2)
+		}
+		var lenient Request
+		if err := json.Unmarshal(b1, &lenient); err != nil {
+			t.Fatalf("lenient read of a valid request: %v", err)
+		}
+		if b3, _ := lenient.MarshalJSON(); !bytes.Equal(b1, b3) {
+			t.Fatalf("lenient round trip:\n%s\n%s", b1, b3)
+		}
+	})
+}
+
+// FuzzDecodeResponse: any provider body is either rejected as SYS1_UPSTREAM_ERROR or decodes
+// to answers that re-encode, decode again identically, and survive the Result round trip.
+func FuzzDecodeResponse(f *testing.F) {
+	f.Add([]byte(ticketAnswer))
+	f.Add([]byte(answers(goodLabel, goodRefund, goodUrgency)))
+	f.Add([]byte(answers(goodLabel, goodRefund, `{"type":"score","score":2,"probabilities":{"0":0,"1":0,"2":1},"legend":["a","b","c"]}`)))
+	f.Add([]byte(`{"answers":{"label":{"type":"choice","choice":"bug","probabilities":{"bug":1e999}}}}`))
+	f.Add([]byte(`{"answers":[],"usage":{"input_tokens":-1}}`))
+	f.Add([]byte(`{"x":{"a":1,"a":2}}`))
+	in, err := os.ReadFile("examples/ticket.json")
+	if err != nil {
+		f.Fatal(err)
+	}
+	req, derr := DecodeRequest(in)
+	if derr != nil {
+		f.Fatal(derr)
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		resp, derr := DecodeResponse(req, body)
+		if derr != nil {
+			if derr.Code != CodeUpstreamError {
+				t.Fatalf("unexpected code %s", derr.Code)
+			}
+			return
+		}
+		if len(resp.Answers) != len(req.Questions) {
+			t.Fatalf("%d answers for %d questions", len(resp.Answers), len(req.Questions))
+		}
+		for i := range resp.Answers {
+			if resp.Answers[i].Name != req.Questions[i].Name || resp.Answers[i].Type != req.Questions[i].Type {
+				t.Fatalf("answer %d is %s/%s", i, resp.Answers[i].Name, resp.Answers[i].Type)
+			}
+		}
+		b1, _ := resp.MarshalJSON()
+		again, derr := DecodeResponse(req, b1)
+		if derr != nil {
+			t.Fatalf("re-encoded response rejected: %v\n%s", derr, b1)
+		}
+		if b2, _ := again.MarshalJSON(); !bytes.Equal(b1, b2) {
+			t.Fatalf("response not stable:\n%s\n%s", b1, b2)
+		}
+		r1, _ := resp.Result("ollama").MarshalJSON()
+		var back Result
+		if err := json.Unmarshal(r1, &back); err != nil {
+			t.Fatalf("result read back: %v\n%s", err, r1)
+		}
+		if r2, _ := back.MarshalJSON(); !bytes.Equal(r1, r2) {
+			t.Fatalf("result round trip:\n%s\n%s", r1, r2)
+		}
+	})
+}
