@@ -94,3 +94,18 @@ func TestValidationNamesEveryBadVariable(t *testing.T) {
 		t.Errorf("simulator without Ollama URL: %v", errs)
 	}
 }
+
+func TestAPIKeyFromTheEnvironmentReachesOllama(t *testing.T) {
+	srv := ollamatest.New(t, ollamatest.WithAPIKey("env-key"))
+	cfg := parse(t, map[string]string{"SYS1_OLLAMA_BASE_URL": srv.URL(), "SYS1_OLLAMA_API_KEY": "env-key"})
+	p, err := backend.New(cfg, backend.Deps{DefaultModel: "nimble"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := p.Probe(context.Background()); !res.Healthy() {
+		t.Fatalf("probe with the key from SYS1_OLLAMA_API_KEY: %+v", res)
+	}
+	if got := srv.Requests()[0].Header.Get("Authorization"); got != "Bearer env-key" {
+		t.Fatalf("Authorization = %q", got)
+	}
+}

@@ -309,7 +309,7 @@ func (c *Client) logCall(resp *http.Response, sent, received int, took time.Dura
 	if !ev.Enabled() {
 		return
 	}
-	ev = ev.Int("request_bytes", sent).Int("response_bytes", received).Dur("latency", took)
+	ev = ev.Int("request_bytes", sent).Int("response_bytes", received).Int64("latency_ms", took.Milliseconds())
 	if resp != nil {
 		ev = ev.Int("http_status", resp.StatusCode)
 	}

@@ -38,7 +38,7 @@ const DefaultVersion = "0.40.12"
 var DefaultModels = []string{"nimble:latest"}
 
 // DefaultRecordLimit is how many requests the fake keeps by default (the most recent ones).
-const DefaultRecordLimit = 4096
+const DefaultRecordLimit = 1024
 
 // Recorded is one request the fake received.
 type Recorded struct {
@@ -114,10 +114,13 @@ type Server struct {
 	recordLimit int
 	latency     atomic.Int64
 
-	mu      sync.Mutex
-	queue   []queuedFault
-	always  *Fault
+	mu     sync.Mutex
+	rules  []rule
+	queue  []queuedFault
+	always *Fault
+	// records is a ring of the last recordLimit requests; next is where the next one goes.
 	records []Recorded
+	next    int
 
 	calls       atomic.Int64
 	conns       atomic.Int64
@@ -126,6 +129,11 @@ type Server struct {
 
 	done      chan struct{} // closed by Close: releases hanging handlers
 	closeOnce sync.Once
+}
+
+type rule struct {
+	match func(body []byte) bool
+	fault Fault
 }
 
 type queuedFault struct {
@@ -225,19 +233,34 @@ func (s *Server) FailAlways(fault Fault) {
 	s.always = &fault
 }
 
-// Heal removes every queued and permanent fault.
+// Heal removes every queued, conditional and permanent fault.
 func (s *Server) Heal() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.rules = nil
 	s.queue = nil
 	s.always = nil
 }
 
-// Requests returns copies of the recorded requests, oldest first.
+// FailIf makes every System One call whose body satisfies match answer with fault, before any
+// queued fault is considered, until Heal. With many concurrent callers it targets one
+// request (by its state, say) where the order of Fail's queue would be a race.
+func (s *Server) FailIf(match func(body []byte) bool, fault Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rules = append(s.rules, rule{match: match, fault: fault})
+}
+
+// Requests returns the recorded requests, oldest first.
 func (s *Server) Requests() []Recorded {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]Recorded(nil), s.records...)
+	out := make([]Recorded, 0, len(s.records))
+	if len(s.records) < s.recordLimit {
+		return append(out, s.records...)
+	}
+	out = append(out, s.records[s.next:]...)
+	return append(out, s.records[:s.next]...)
 }
 
 // SystemOneRequests returns the recorded POST /v1/systemone requests, oldest first.
@@ -257,12 +280,18 @@ func (s *Server) ResetStats() {
 	s.maxInFlight.Store(s.inFlight.Load())
 	s.mu.Lock()
 	s.records = nil
+	s.next = 0
 	s.mu.Unlock()
 }
 
-func (s *Server) nextFault() (Fault, bool) {
+func (s *Server) nextFault(body []byte) (Fault, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, r := range s.rules {
+		if r.match(body) {
+			return r.fault, true
+		}
+	}
 	if len(s.queue) > 0 {
 		f := s.queue[0].fault
 		s.queue[0].left--
@@ -284,12 +313,12 @@ func (s *Server) record(r *http.Request, body []byte) {
 	rec := Recorded{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body, At: time.Now()}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.records) >= s.recordLimit {
-		// drop the oldest; copy down so the backing array does not grow without bound
-		n := copy(s.records, s.records[1:])
-		s.records = s.records[:n]
+	if len(s.records) < s.recordLimit {
+		s.records = append(s.records, rec)
+		return
 	}
-	s.records = append(s.records, rec)
+	s.records[s.next] = rec // overwrite the oldest
+	s.next = (s.next + 1) % s.recordLimit
 }
 
 func (s *Server) authenticate(next http.Handler) http.Handler {
@@ -382,7 +411,7 @@ func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
 	}
 	s.record(r, body)
 
-	fault, faulty := s.nextFault()
+	fault, faulty := s.nextFault(body)
 	if !s.wait(w, r, time.Duration(s.latency.Load())+fault.Delay) {
 		return
 	}

@@ -435,3 +435,41 @@ func TestRecordsHeadersAndBoundsRecording(t *testing.T) {
 		t.Errorf("model field = %s %v", m, ok)
 	}
 }
+
+func TestFailIfTargetsMatchingRequestsAndRecordingIsARing(t *testing.T) {
+	srv := ollamatest.New(t, ollamatest.WithRecordLimit(4))
+	srv.FailIf(func(body []byte) bool { return strings.Contains(string(body), `"poison"`) }, ollamatest.Status(502))
+	srv.Fail(1, ollamatest.Status(500)) // queued faults wait behind matching rules
+	poison := strings.Replace(ticket, `"checkout fails"`, `"poison"`, 1)
+	for i := 0; i < 3; i++ {
+		if status, _, _ := post(t, srv, poison); status != 502 {
+			t.Fatalf("matching call %d: status %d", i, status)
+		}
+	}
+	if status, _, _ := post(t, srv, ticket); status != 500 {
+		t.Fatalf("the queued fault should hit the first non-matching call, got %d", status)
+	}
+	for i := 0; i < 3; i++ {
+		body := strings.Replace(ticket, `"checkout fails"`, fmt.Sprintf(`"n%d"`, i), 1)
+		if status, _, _ := post(t, srv, body); status != 200 {
+			t.Fatalf("status %d", status)
+		}
+	}
+	recs := srv.Requests()
+	if len(recs) != 4 {
+		t.Fatalf("kept %d, want 4", len(recs))
+	}
+	// the last four, oldest first: the plain ticket, then n0, n1, n2
+	if !strings.Contains(string(recs[0].Body), "checkout fails") {
+		t.Errorf("oldest kept = %s", recs[0].Body)
+	}
+	for i := 1; i < 4; i++ {
+		if !strings.Contains(string(recs[i].Body), fmt.Sprintf(`"n%d"`, i-1)) {
+			t.Errorf("record %d = %s", i, recs[i].Body)
+		}
+	}
+	srv.Heal()
+	if status, _, _ := post(t, srv, poison); status != 200 {
+		t.Fatalf("after Heal: %d", status)
+	}
+}

@@ -48,6 +48,9 @@ func (s *Simulator) Probe(context.Context) provider.ProbeResult {
 // ends first) and answers deterministically. The answer goes through the response contract
 // like any provider's, so Raw answers are exactly what a real provider's would look like.
 func (s *Simulator) Evaluate(ctx context.Context, req *contract.Request) (*contract.Response, error) {
+	if req == nil {
+		return nil, contract.Errorf(contract.CodeInternal, "simulator: Evaluate called without a request")
+	}
 	if err := s.wait(ctx); err != nil {
 		return nil, fmt.Errorf("simulator: evaluate abandoned by the caller: %w", err)
 	}
