@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -137,7 +138,11 @@ func TestPermissionsFromDeployConfig(t *testing.T) {
 			u       *user
 			subject string
 		}{{svcA, "sys1.decide.svc-a"}, {svcA, "sys1.decide.svc-a.batch"}, {svcB, "sys1.decide.svc-b"}} {
-			ack, err := p.u.js.Publish(ctxT(t, 5*time.Second), p.subject, []byte(`{}`))
+			// Identity-looking headers and body are the producer's to write; they must not matter.
+			msg := &nats.Msg{Subject: p.subject, Data: []byte(`{"caller":"svc-b","roles":["administrator"]}`), Header: nats.Header{}}
+			msg.Header.Set("Sys1-Caller", "svc-b")
+			msg.Header.Set("X-Caller", "administrator")
+			ack, err := p.u.js.PublishMsg(ctxT(t, 5*time.Second), msg)
 			if err != nil {
 				t.Fatalf("%s → %s: %v", p.u.name, p.subject, err)
 			}
@@ -243,9 +248,20 @@ func TestPermissionsFromDeployConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var subjects []string
+		// In SYS1_AUTH_MODE=subject the caller the worker derives is the user NATS authenticated,
+		// whatever the message claims.
+		authn, err := auth.New(context.Background(), auth.Config{Mode: auth.ModeSubject}, zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var subjects, callers []string
 		for m := range batch.Messages() {
 			subjects = append(subjects, m.Subject())
+			id, aerr := authn.Authenticate(context.Background(), m.Subject(), m.Headers())
+			if aerr != nil {
+				t.Fatalf("authenticate %s: %v", m.Subject(), aerr)
+			}
+			callers = append(callers, id.Caller)
 			if err := m.Ack(); err != nil {
 				t.Fatalf("ack: %v", err)
 			}
@@ -255,6 +271,9 @@ func TestPermissionsFromDeployConfig(t *testing.T) {
 		}
 		if strings.Join(subjects, " ") != "sys1.decide.svc-a sys1.decide.svc-a.batch sys1.decide.svc-b" {
 			t.Fatalf("worker got %v", subjects)
+		}
+		if strings.Join(callers, " ") != "svc-a svc-a svc-b" {
+			t.Fatalf("verified callers %v", callers)
 		}
 
 		ctx := ctxT(t, 10*time.Second)
