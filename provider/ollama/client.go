@@ -12,7 +12,6 @@ package ollama
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -168,10 +167,9 @@ func (c *Client) Evaluate(ctx context.Context, req *contract.Request) (*contract
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("ollama: evaluate abandoned by the caller: %w", err)
 	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return nil, contract.Wrap(contract.CodeInternal, err, "cannot encode the request for ollama")
-	}
+	// AppendJSON is the ordered wire encoding (what json.Marshal(req) produces, minus
+	// encoding/json's re-scan and HTML escaping): state and instructions go out byte for byte.
+	body := req.AppendJSON(nil)
 
 	start := time.Now()
 	callCtx, cancel := context.WithTimeoutCause(ctx, c.timeout, errCallTimeout)

@@ -21,7 +21,7 @@ import (
 
 // ordered puts questions and options out of alphabetical order, so any map on the way would
 // reorder them.
-const ordered = `{"model":"nimble","state":{"zeta":1,"alpha":[2,1]},"keep_alive":"10m","questions":{
+const ordered = `{"model":"nimble","state":{"zeta":1,"alpha":[2,1],"html":"<b>&amp;</b> \u00e9"},"keep_alive":"10m","questions":{
  "zulu":{"type":"choice","instructions":{"b":1,"a":2},"criteria":{"yak":"Y","apple":"A","mango":null}},
  "alpha":{"type":"score","instructions":"How much?","criteria":["none","some","lots"]},
  "mike":{"type":"noul","instructions":"Is it?","criteria":{"true":"yes","false":"no"}}}}`
@@ -66,9 +66,16 @@ func TestEvaluateSendsTheOrderedRequestAndReturnsTheValidatedAnswer(t *testing.T
 	if len(recs) != 1 {
 		t.Fatalf("fake got %d calls", len(recs))
 	}
-	want, _ := json.Marshal(req)
+	want := req.AppendJSON(nil)
 	if !bytes.Equal(recs[0].Body, want) {
 		t.Fatalf("wire bytes differ from the ordered encoding:\n got %s\nwant %s", recs[0].Body, want)
+	}
+	// the caller's state goes out byte for byte: no HTML escaping, no re-encoding
+	if !bytes.Contains(recs[0].Body, []byte(`"html":"<b>&amp;</b> \u00e9"`)) {
+		t.Fatalf("state altered on the wire: %s", recs[0].Body)
+	}
+	if !json.Valid(recs[0].Body) {
+		t.Fatal("wire body is not JSON")
 	}
 	// byte-level order: questions, options and nested state keys as the caller sent them
 	body := string(recs[0].Body)
