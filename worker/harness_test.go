@@ -37,13 +37,26 @@ type harness struct {
 	topo topology.Config
 	logs *syncBuffer
 	cl   *client.Client
+	// NATS credentials, when the server requires them.
+	user, password string
+	// apiKey is sent to the fake Ollama when set.
+	apiKey string
 }
 
 func newHarness(t *testing.T, fakeOpts ...ollamatest.Option) *harness {
 	t.Helper()
+	return newHarnessWith(t, nil, fakeOpts...)
+}
+
+// newHarnessWith lets a test shape the nats-server (e.g. require a password).
+func newHarnessWith(t *testing.T, serverOpts func(*server.Options), fakeOpts ...ollamatest.Option) *harness {
+	t.Helper()
 	opts := &server.Options{
 		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
 		MaxPayload: 8 << 20, NoLog: true, NoSigs: true,
+	}
+	if serverOpts != nil {
+		serverOpts(opts)
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
@@ -54,7 +67,7 @@ func newHarness(t *testing.T, fakeOpts ...ollamatest.Option) *harness {
 		t.Fatal("nats-server not ready")
 	}
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	h := &harness{t: t, srv: srv, logs: &syncBuffer{}}
+	h := &harness{t: t, srv: srv, logs: &syncBuffer{}, user: opts.Username, password: opts.Password}
 	h.nc = h.connect()
 	h.js, err = jetstream.New(h.nc)
 	if err != nil {
@@ -72,7 +85,11 @@ func newHarness(t *testing.T, fakeOpts ...ollamatest.Option) *harness {
 
 func (h *harness) connect() *nats.Conn {
 	h.t.Helper()
-	nc, err := nats.Connect(h.srv.ClientURL(), nats.MaxReconnects(-1))
+	opts := []nats.Option{nats.MaxReconnects(-1)}
+	if h.user != "" {
+		opts = append(opts, nats.UserInfo(h.user, h.password))
+	}
+	nc, err := nats.Connect(h.srv.ClientURL(), opts...)
 	if err != nil {
 		h.t.Fatalf("connect: %v", err)
 	}
@@ -123,7 +140,7 @@ func (h *harness) ollama(timeout time.Duration) provider.Provider {
 
 func (h *harness) ollamaAt(url string, timeout time.Duration) provider.Provider {
 	h.t.Helper()
-	p, err := ollama.New(ollama.Config{BaseURL: url, TimeoutMS: strconv.Itoa(int(timeout / time.Millisecond))}, ollama.WithMaxConns(64), ollama.WithLogger(h.logger()))
+	p, err := ollama.New(ollama.Config{BaseURL: url, TimeoutMS: strconv.Itoa(int(timeout / time.Millisecond)), APIKey: ollama.Secret(h.apiKey)}, ollama.WithMaxConns(64), ollama.WithLogger(h.logger()))
 	if err != nil {
 		h.t.Fatalf("ollama adapter: %v", err)
 	}

@@ -1,0 +1,153 @@
+package worker_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lestrrat-go/jwx/v3/jwa"
+	"github.com/lestrrat-go/jwx/v3/jwt"
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider/ollamatest"
+	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/client"
+)
+
+const (
+	hsSecret     = "hs256-secret-that-is-long-enough-0123456789"
+	apiKey       = "sk-ollama-api-key-DO-NOT-LEAK-4242"
+	natsPassword = "nats-password-DO-NOT-LEAK-9191"
+	stateMarker  = "STATE-CONTENT-MARKER-7c1f"
+	instrMarker  = "INSTRUCTIONS-MARKER-e2b9"
+)
+
+func mint(t *testing.T, sub string, claims map[string]any, exp time.Time) string {
+	t.Helper()
+	b := jwt.NewBuilder().Subject(sub).Issuer("https://idp.test").Audience([]string{"sys1"}).
+		IssuedAt(time.Now()).Expiration(exp)
+	for k, v := range claims {
+		b = b.Claim(k, v)
+	}
+	tok, err := b.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed, err := jwt.Sign(tok, jwt.WithKey(jwa.HS256(), []byte(hsSecret)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(signed)
+}
+
+// TestSecretsAndContentNeverLeak runs a full set of runs under jwt auth, an Ollama API key and
+// a password-protected NATS, then scans every log line, reply and record.
+func TestSecretsAndContentNeverLeak(t *testing.T) {
+	h := newHarnessWith(t, func(o *server.Options) { o.Username, o.Password = "sys1", natsPassword }, ollamatest.WithAPIKey(apiKey))
+	h.apiKey = apiKey
+	jwtAuth, err := auth.New(context.Background(), auth.Config{
+		Mode: auth.ModeJWT, HS256Secret: auth.Secret(hsSecret), Issuer: "https://idp.test", Audience: "sys1",
+		RolesClaim: "roles", AllowedRoles: []string{"administrator"}, AllowedScopes: []string{"sys1:use"},
+		Leeway: time.Second, JWKSRefresh: time.Minute, JWKSMinRefresh: time.Second,
+	}, h.logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.start(func(o *replicaOpts) { o.auth = jwtAuth })
+
+	admin := mint(t, "alice", map[string]any{"roles": []string{"administrator"}}, time.Now().Add(time.Hour))
+	scoped := mint(t, "bob", map[string]any{"scope": "openid sys1:use"}, time.Now().Add(time.Hour))
+	plain := mint(t, "mallory", map[string]any{"roles": []string{"viewer"}}, time.Now().Add(time.Hour))
+	expired := mint(t, "alice", map[string]any{"roles": []string{"administrator"}}, time.Now().Add(-time.Hour))
+
+	var probe struct {
+		Images []string `json:"images"`
+	}
+	imageBody := example(t, "image.json")
+	_ = json.Unmarshal(imageBody, &probe)
+	content := []byte(`{"state":{"note":"` + stateMarker + `"},"questions":{"q":{"type":"noul","instructions":"` + instrMarker + `"}}}`)
+	// A body and headers that claim to be an administrator: identity comes only from the token.
+	spoofed := []byte(`{"state":{"caller":"administrator","roles":["administrator"],"sub":"alice"},"questions":{"q":{"type":"noul","instructions":"am I admin?"}}}`)
+
+	type run struct {
+		name, token string
+		body        []byte
+		status      contract.Status
+		code        contract.Code
+		caller      string
+	}
+	runs := []run{
+		{"admin role", admin, content, contract.StatusSuccess, "", "alice"},
+		{"scope", scoped, imageBody, contract.StatusSuccess, "", "bob"},
+		{"no role or scope", plain, content, contract.StatusFailed, contract.CodeForbidden, "mallory"},
+		{"spoofed body", plain, spoofed, contract.StatusFailed, contract.CodeForbidden, "mallory"},
+		{"expired", expired, content, contract.StatusFailed, contract.CodeUnauthenticated, ""},
+		{"no token", "", content, contract.StatusFailed, contract.CodeUnauthenticated, ""},
+		{"garbage token", "not.a.jwt", content, contract.StatusFailed, contract.CodeUnauthenticated, ""},
+	}
+	var replies [][]byte
+	for _, r := range runs {
+		rep := h.decide("svc-a", r.body, func(req *client.Request) {
+			req.Token = r.token
+			req.RunID = "sec-" + strings.ReplaceAll(r.name, " ", "-")
+		})
+		replies = append(replies, rep.Raw)
+		if rep.Status != r.status || (r.code != "" && (rep.Error == nil || rep.Error.Code != r.code)) {
+			t.Errorf("%s: %s", r.name, rep.Raw)
+		}
+	}
+	// Only the two allowed runs reached the provider.
+	if got := h.fake.Calls(); got != 2 {
+		t.Errorf("provider calls = %d, want 2", got)
+	}
+	waitFor(t, "records", 10*time.Second, func() bool { return len(h.records()) == len(runs) })
+	for _, rec := range h.records() {
+		if rec.Status == contract.StatusFailed && (rec.ErrorCode == contract.CodeForbidden || rec.ErrorCode == contract.CodeUnauthenticated) {
+			if rec.Request != nil || rec.Result != nil {
+				t.Errorf("a refused run's record stores request content: %+v", rec)
+			}
+			if strings.HasPrefix(rec.RunID, "sec-") {
+				t.Errorf("a refused run was recorded under the id it claimed (%s); it could overwrite a real run", rec.RunID)
+			}
+		}
+		if rec.Status == contract.StatusSuccess && rec.CallerKind != contract.CallerKindJWT {
+			t.Errorf("caller kind %q", rec.CallerKind)
+		}
+		if rec.Caller == "administrator" {
+			t.Errorf("the spoofed body set the caller")
+		}
+	}
+
+	secrets := map[string]string{
+		"admin JWT": admin, "scoped JWT": scoped, "plain JWT": plain, "expired JWT": expired,
+		"HS256 secret": hsSecret, "Ollama API key": apiKey, "NATS password": natsPassword,
+		"image base64": probe.Images[0][:48],
+	}
+	scan := func(where string, data []byte, extra map[string]string) {
+		for name, s := range secrets {
+			if bytes.Contains(data, []byte(s)) {
+				t.Errorf("%s contains the %s", where, name)
+			}
+		}
+		for name, s := range extra {
+			if bytes.Contains(data, []byte(s)) {
+				t.Errorf("%s contains the %s", where, name)
+			}
+		}
+	}
+	logs := h.logs.String()
+	if !strings.Contains(logs, "sec-admin-role") {
+		t.Fatalf("expected run logs; got %d bytes", len(logs))
+	}
+	scan("the logs", []byte(logs), map[string]string{"state": stateMarker, "instructions": instrMarker})
+	for i, r := range replies {
+		scan("reply "+runs[i].name, r, nil)
+	}
+	for _, r := range h.rawRecords() {
+		scan("a record", r, nil)
+	}
+}
