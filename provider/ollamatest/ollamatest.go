@@ -100,6 +100,16 @@ func WithLatency(d time.Duration) Option { return func(s *Server) { s.latency.St
 // which benchmarks want.
 func WithRecordLimit(n int) Option { return func(s *Server) { s.recordLimit = n } }
 
+// WithRecording turns recording on (with DefaultRecordLimit) or off.
+func WithRecording(on bool) Option {
+	return func(s *Server) {
+		s.recordLimit = 0
+		if on {
+			s.recordLimit = DefaultRecordLimit
+		}
+	}
+}
+
 // WithAPIKey makes the fake require "Authorization: Bearer <key>" like Ollama behind an
 // authenticating proxy or ollama.com; other requests get 401.
 func WithAPIKey(key string) Option { return func(s *Server) { s.apiKey = key } }

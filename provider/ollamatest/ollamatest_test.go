@@ -473,3 +473,13 @@ func TestFailIfTargetsMatchingRequestsAndRecordingIsARing(t *testing.T) {
 		t.Fatalf("after Heal: %d", status)
 	}
 }
+
+func TestRecordingOff(t *testing.T) {
+	srv := ollamatest.New(t, ollamatest.WithRecording(false))
+	if status, _, _ := post(t, srv, ticket); status != 200 {
+		t.Fatalf("status %d", status)
+	}
+	if n := len(srv.Requests()); n != 0 || srv.Calls() != 1 {
+		t.Fatalf("recording off kept %d requests (calls %d)", n, srv.Calls())
+	}
+}
