@@ -559,3 +559,45 @@ func TestCheckReplyTo(t *testing.T) {
 		}
 	}
 }
+
+func TestJWKSPeriodicRefreshSurvivesOutages(t *testing.T) {
+	old := rsaSigner(t, 0, "old")
+	next := edSigner(t, "next")
+	srv := newJWKSServer(t, old.public(t))
+	cfg := jwtConfig()
+	cfg.JWKSURL = srv.URL
+	cfg.JWKSRefresh = time.Second
+	cfg.JWKSMinRefresh = time.Hour // only the periodic refresh may fetch
+	var logs syncBuffer
+	a := mustNew(t, cfg, testLogger(&logs))
+	c := claims()
+	c["roles"] = []string{"administrator"}
+
+	// The IdP is down: a refresh fails, the keys already loaded keep working.
+	srv.fail.Store(true)
+	waitUntil(t, "a failed periodic refresh", func() bool { return strings.Contains(logs.String(), "keeping the previous keys") })
+	if _, err := a.Authenticate(context.Background(), "sys1.decide.svc-a", bearer(old.sign(t, c))); err != nil {
+		t.Fatalf("an IdP outage must not lock callers out: %v", err)
+	}
+
+	// The IdP is back with a rotated key: the periodic refresh picks it up.
+	srv.serve(t, next.public(t))
+	srv.fail.Store(false)
+	tok := next.sign(t, c)
+	waitUntil(t, "the rotated key via periodic refresh", func() bool {
+		_, err := a.Authenticate(context.Background(), "sys1.decide.svc-a", bearer(tok))
+		return err == nil
+	})
+}
+
+// waitUntil polls cond until it holds or a deadline passes.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
+	}
+}

@@ -171,6 +171,7 @@ type jwksServer struct {
 	*httptest.Server
 	body atomic.Pointer[[]byte]
 	hits atomic.Int64
+	fail atomic.Bool // answer 503, as an IdP outage would
 }
 
 func newJWKSServer(t testing.TB, keys ...jwk.Key) *jwksServer {
@@ -179,6 +180,10 @@ func newJWKSServer(t testing.TB, keys ...jwk.Key) *jwksServer {
 	s.serve(t, keys...)
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		s.hits.Add(1)
+		if s.fail.Load() {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(*s.body.Load())
 	}))
