@@ -1,10 +1,12 @@
 package contract
 
 import (
+	"bytes"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -238,6 +240,31 @@ func TestDecodeRequestDepth(t *testing.T) {
 	})
 	if allocs > 20 {
 		t.Fatalf("rejecting a 10,000-deep body cost %v allocations", allocs)
+	}
+}
+
+// TestDecodeRequestHostileBodiesCostNoMemory: an 8 MiB body of brackets, or one that is
+// 10,000 levels deep inside a valid prefix, is rejected without building anything: the bytes
+// allocated stay far below the body's size.
+func TestDecodeRequestHostileBodiesCostNoMemory(t *testing.T) {
+	bodies := map[string][]byte{
+		"8 MiB of brackets": bytes.Repeat([]byte("["), 8<<20),
+		"10,000 deep in state": []byte(`{"questions":{` + choiceQ + `},"state":` + strings.Repeat(`{"a":`, 10000) + `1` + strings.Repeat(`}`, 10000) + `}`),
+	}
+	for name, body := range bodies {
+		t.Run(name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			_, err := DecodeRequest(body)
+			runtime.ReadMemStats(&after)
+			if err == nil || !strings.Contains(err.Message, "nesting deeper than 64 levels") {
+				t.Fatalf("got %v", err)
+			}
+			if got := after.TotalAlloc - before.TotalAlloc; got > 16<<10 {
+				t.Fatalf("rejecting a %d-byte body allocated %d bytes", len(body), got)
+			}
+		})
 	}
 }
 

@@ -124,7 +124,7 @@ type errorJSON struct {
 
 // MarshalJSON encodes the SPEC §4 error object.
 func (e *Error) MarshalJSON() ([]byte, error) {
-	return json.Marshal(errorJSON{Code: e.Code, Message: e.Message, Status: e.Status})
+	return e.appendJSON(make([]byte, 0, 64+len(e.Message))), nil
 }
 
 // UnmarshalJSON decodes the SPEC §4 error object.
