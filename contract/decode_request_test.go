@@ -248,7 +248,7 @@ func TestDecodeRequestDepth(t *testing.T) {
 // allocated stay far below the body's size.
 func TestDecodeRequestHostileBodiesCostNoMemory(t *testing.T) {
 	bodies := map[string][]byte{
-		"8 MiB of brackets": bytes.Repeat([]byte("["), 8<<20),
+		"8 MiB of brackets":    bytes.Repeat([]byte("["), 8<<20),
 		"10,000 deep in state": []byte(`{"questions":{` + choiceQ + `},"state":` + strings.Repeat(`{"a":`, 10000) + `1` + strings.Repeat(`}`, 10000) + `}`),
 	}
 	for name, body := range bodies {
