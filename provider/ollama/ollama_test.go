@@ -207,6 +207,27 @@ func TestErrorTable(t *testing.T) {
 	}
 }
 
+func TestRedirectsAreNotFollowedEvenWithACustomHTTPClient(t *testing.T) {
+	srv := ollamatest.New(t)
+	c := newClient(t, srv.URL(), ollama.Config{}, ollama.WithHTTPClient(&http.Client{}))
+	srv.Fail(1, ollamatest.Redirect(http.StatusMovedPermanently, srv.URL()+"/v1/systemone"))
+	_, err := c.Evaluate(context.Background(), resolved(t, ordered, ""))
+	if e, ok := contract.AsError(err); !ok || e.Code != contract.CodeUpstreamError || srv.Calls() != 1 {
+		t.Fatalf("got %v after %d calls", err, srv.Calls())
+	}
+}
+
+func TestHugeErrorBodyIsBounded(t *testing.T) {
+	srv := ollamatest.New(t)
+	c := newClient(t, srv.URL(), ollama.Config{})
+	srv.Fail(1, ollamatest.Body(400, "text/plain", strings.Repeat("context overflow ", 1<<16)))
+	_, err := c.Evaluate(context.Background(), resolved(t, ordered, ""))
+	e, ok := contract.AsError(err)
+	if !ok || e.Code != contract.CodeInvalidRequest || !strings.Contains(e.Message, "context overflow") || len(e.Message) > 700 {
+		t.Fatalf("got %d bytes: %.200v", len(err.Error()), err)
+	}
+}
+
 func TestRetryAfterHTTPDate(t *testing.T) {
 	srv := ollamatest.New(t)
 	c := newClient(t, srv.URL(), ollama.Config{})
@@ -358,6 +379,12 @@ func TestAPIKeyIsSentAndNeverLeaks(t *testing.T) {
 	}
 	if logs.Len() == 0 {
 		t.Fatal("no log lines captured: the leak check proves nothing")
+	}
+	// logs never carry state or instructions either
+	for _, content := range []string{"zeta", "How much?", "yak"} {
+		if strings.Contains(logs.String(), content) {
+			t.Fatalf("request content %q in the logs", content)
+		}
 	}
 }
 
