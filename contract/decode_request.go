@@ -19,6 +19,10 @@ const (
 	MaxOptions   = 26
 	MinLevels    = 2
 	MaxLevels    = 26
+	// MaxImages bounds the images of one request. Upstream sets no count, but every image
+	// costs hundreds of context tokens, and an unbounded count lets a 32 MiB body of tiny
+	// images cost far more memory than its size.
+	MaxImages = 64
 
 	// MaxTextBytes bounds the serialized request without images (Ollama's 64 KiB).
 	MaxTextBytes = 65536
@@ -56,11 +60,11 @@ func DecodeRequest(body []byte) (*Request, *Error) {
 	req, err := d.decode()
 	if err != nil {
 		d.probs.add("body", err.Error())
-		return nil, invalidInput(capProblems(d.probs.list))
+		return nil, invalidInput(capProblems(&d.probs))
 	}
 	validateRequest(req, &d.seen, &d.probs)
 	if len(d.probs.list) > 0 {
-		return nil, invalidInput(capProblems(d.probs.list))
+		return nil, invalidInput(capProblems(&d.probs))
 	}
 	return req, nil
 }
@@ -76,12 +80,13 @@ func firstInvalidUTF8(b []byte) int {
 	return len(b)
 }
 
-func capProblems(ps Problems) Problems {
-	if len(ps) <= maxListedProblems {
-		return ps
+func capProblems(l *problemList) Problems {
+	if len(l.list) <= maxListedProblems && l.dropped == 0 {
+		return l.list
 	}
-	out := append(Problems(nil), ps[:maxListedProblems]...)
-	return append(out, Problem{Message: fmt.Sprintf("… and %d more problems", len(ps)-maxListedProblems)})
+	n := min(len(l.list), maxListedProblems)
+	out := append(Problems(nil), l.list[:n]...)
+	return append(out, Problem{Message: fmt.Sprintf("… and %d more problems", len(l.list)-n+l.dropped)})
 }
 
 // Validate checks a request built in Go against the contract (DecodeRequest already does
@@ -106,8 +111,11 @@ func validateRequest(req *Request, rep *reported, probs *problemList) {
 			probs.add("state", msg)
 		}
 	}
-	if !rep.questions && (len(req.Questions) < MinQuestions || len(req.Questions) > MaxQuestions) {
-		probs.add("questions", fmt.Sprintf("must have %d–%d questions, got %d", MinQuestions, MaxQuestions, len(req.Questions)))
+	if n := len(req.Questions) + rep.extraQuestions; !rep.questions && (n < MinQuestions || n > MaxQuestions) {
+		probs.add("questions", fmt.Sprintf("must have %d–%d questions, got %d", MinQuestions, MaxQuestions, n))
+	}
+	if n := len(req.Images) + rep.extraImages; n > MaxImages {
+		probs.add("images", fmt.Sprintf("must have at most %d images, got %d", MaxImages, n))
 	}
 	for i := range req.Questions {
 		q := &req.Questions[i]
@@ -137,7 +145,7 @@ func validateRequest(req *Request, rep *reported, probs *problemList) {
 			}
 		}
 		if !qr.criteria {
-			validateCriteria(q, qp, probs)
+			validateCriteria(q, qp, qr.extraCriteria, probs)
 		}
 	}
 	for i := range req.Images {
@@ -171,11 +179,11 @@ func contentProblem(raw []byte) string {
 	}
 }
 
-func validateCriteria(q *Question, qp qpath, probs *problemList) {
+func validateCriteria(q *Question, qp qpath, extra int, probs *problemList) {
 	path := func(suffix string) string { return qp.at(".criteria" + suffix) }
 	switch q.Type {
 	case TypeChoice:
-		if n := len(q.Options); n < MinOptions || n > MaxOptions {
+		if n := len(q.Options) + extra; n < MinOptions || n > MaxOptions {
 			probs.add(path(""), fmt.Sprintf("must have %d–%d options, got %d", MinOptions, MaxOptions, n))
 		}
 		for i, o := range q.Options {
@@ -207,7 +215,7 @@ func validateCriteria(q *Question, qp qpath, probs *problemList) {
 			}
 		}
 	case TypeScore:
-		if n := len(q.Levels); n < MinLevels || n > MaxLevels {
+		if n := len(q.Levels) + extra; n < MinLevels || n > MaxLevels {
 			probs.add(path(""), fmt.Sprintf("must have %d–%d levels, got %d", MinLevels, MaxLevels, n))
 		}
 	}

@@ -156,6 +156,8 @@ func TestDecodeRequestRules(t *testing.T) {
 		{"image bad base64", withImages(`["` + pngB64 + `","iVBO$$$"]`), []string{"images[1]: is not valid base64"}},
 		{"image gif", withImages(`["` + gifB64 + `"]`), []string{"images[0]: must be a PNG, JPEG or WebP image"}},
 		{"image empty", withImages(`[""]`), []string{"images[0]: must not be empty"}},
+		{"64 images", withImages(`[` + strings.TrimSuffix(strings.Repeat(`"`+pngB64+`",`, 64), ",") + `]`), nil},
+		{"65 images", withImages(`[` + strings.TrimSuffix(strings.Repeat(`"`+pngB64+`",`, 65), ",") + `]`), []string{"images: must have at most 64 images, got 65"}},
 		// several problems at once, each listed
 		{"every problem listed", `{"model":"","state":null,"extra":1,"questions":{"l":{"type":"choice","instructions":"","criteria":` + options(27) + `},"s":{"type":"score","instructions":"i","criteria":[null,"a"]}}}`,
 			[]string{"model: must not be blank", "extra: unknown field", "state: must be a non-blank string", "questions.l.instructions: must not be blank", "questions.l.criteria: must have 2–26 options, got 27", "questions.s.criteria[0]: must be a string, got null"}},
@@ -309,5 +311,52 @@ func TestValidateGoBuilt(t *testing.T) {
 	req.Questions[0].Options = append(req.Questions[0].Options, Option{Key: "b"})
 	if err := req.Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDecodeRequestBoundsHostileCounts: counts far past the limits are reported with their
+// full number, but the items past the limit are not kept, so memory stays proportional to the
+// body (one copy for strings) rather than to the item count times a struct size.
+func TestDecodeRequestBoundsHostileCounts(t *testing.T) {
+	const n = 100000
+	var manyQuestions, manyOptions, manyLevels, manyImages, manyDupes strings.Builder
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			manyQuestions.WriteByte(',')
+			manyOptions.WriteByte(',')
+			manyLevels.WriteByte(',')
+			manyImages.WriteByte(',')
+			manyDupes.WriteByte(',')
+		}
+		fmt.Fprintf(&manyQuestions, `"q%d":{"type":"noul","instructions":"?"}`, i)
+		fmt.Fprintf(&manyOptions, `"o%d":null`, i)
+		manyLevels.WriteString(`"l"`)
+		manyImages.WriteString(`"` + pngB64 + `"`)
+		manyDupes.WriteString(`"k":1`)
+	}
+	tests := []struct {
+		name, body, want string
+	}{
+		{"questions", withQuestions(manyQuestions.String()), "questions: must have 1–64 questions, got 100000"},
+		{"options", withQuestions(`"l":{"type":"choice","instructions":"i","criteria":{` + manyOptions.String() + `}}`), "questions.l.criteria: must have 2–26 options, got 100000"},
+		{"levels", withQuestions(`"s":{"type":"score","instructions":"i","criteria":[` + manyLevels.String() + `]}`), "questions.s.criteria: must have 2–26 levels, got 100000"},
+		{"images", withImages(`[` + manyImages.String() + `]`), "images: must have at most 64 images, got 100000"},
+		{"duplicate keys", `{"state":{` + manyDupes.String() + `},"questions":{` + choiceQ + `}}`, "… and 99899 more problems"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			body := []byte(tc.body)
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			_, err := DecodeRequest(body)
+			runtime.ReadMemStats(&after)
+			if err == nil || !strings.Contains(err.Message, tc.want) {
+				t.Fatalf("want %q, got %v", tc.want, err)
+			}
+			if got, limit := after.TotalAlloc-before.TotalAlloc, uint64(2*len(tc.body)+1<<20); got > limit {
+				t.Fatalf("a %d-byte body allocated %d bytes (limit %d)", len(tc.body), got, limit)
+			}
+		})
 	}
 }

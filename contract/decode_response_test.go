@@ -2,6 +2,7 @@ package contract
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -138,5 +139,31 @@ func TestDecodeResponseCopiesBody(t *testing.T) {
 	}
 	if string(resp.Answers[0].Raw) != goodLabel {
 		t.Fatalf("Raw aliases the caller's buffer: %s", resp.Answers[0].Raw)
+	}
+}
+
+// TestDecodeResponseBoundsHostileCounts: oversized distributions and legends are rejected
+// without keeping every entry.
+func TestDecodeResponseBoundsHostileCounts(t *testing.T) {
+	var probs, legend strings.Builder
+	for i := 0; i < 100000; i++ {
+		if i > 0 {
+			probs.WriteByte(',')
+			legend.WriteByte(',')
+		}
+		fmt.Fprintf(&probs, `"k%d":0`, i)
+		legend.WriteString(`"x"`)
+	}
+	req := ticketRequest(t)
+	for name, tc := range map[string]struct{ body, want string }{
+		"probabilities": {answers(`{"type":"choice","choice":"bug","probabilities":{`+probs.String()+`}}`, goodRefund, goodUrgency), "answers.label.probabilities: more than 26 entries"},
+		"legend":        {answers(goodLabel, goodRefund, `{"type":"score","score":1,"probabilities":{"0":0.1,"1":0.1,"2":0.8},"legend":[`+legend.String()+`]}`), "answers.urgency.legend: more than 26 levels"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := DecodeResponse(req, []byte(tc.body))
+			if err == nil || !strings.Contains(err.Message, tc.want) {
+				t.Fatalf("want %q, got %v", tc.want, err)
+			}
+		})
 	}
 }

@@ -77,8 +77,10 @@ type parser struct {
 	strict     bool
 	// path is the position of the value being read, for problem messages inside raw values.
 	path []pathSeg
-	// dupes collects duplicate-key problems found while skipping raw values.
-	dupes []Problem
+	// dupes collects duplicate-key problems found while skipping raw values; past
+	// maxKeptProblems they are only counted.
+	dupes        []Problem
+	dupesDropped int
 }
 
 // checkDepth reports whether b nests no deeper than max. It allocates nothing and runs before
@@ -445,7 +447,11 @@ func (p *parser) skipObject() error {
 				}
 			}
 			if dup {
-				p.dupes = append(p.dupes, Problem{Path: p.pathString(), Message: fmt.Sprintf("duplicate key %q", key)})
+				if len(p.dupes) < maxKeptProblems {
+					p.dupes = append(p.dupes, Problem{Path: p.pathString(), Message: fmt.Sprintf("duplicate key %q", key)})
+				} else {
+					p.dupesDropped++
+				}
 			}
 		}
 		p.path = append(p.path, pathSeg{keyB: key, index: -1})
@@ -573,4 +579,36 @@ func isBlankJSONString(raw []byte) bool {
 		inner = unescape(inner)
 	}
 	return len(bytes.TrimSpace(inner)) == 0
+}
+
+// keySet detects repeated keys: a scan while small, a map once large, so a hostile object
+// with a million keys costs linear time.
+type keySet struct {
+	small []string
+	big   map[string]struct{}
+}
+
+// add records k and reports whether it was already there.
+func (s *keySet) add(k string) bool {
+	if s.big != nil {
+		if _, ok := s.big[k]; ok {
+			return true
+		}
+		s.big[k] = struct{}{}
+		return false
+	}
+	for _, prev := range s.small {
+		if prev == k {
+			return true
+		}
+	}
+	s.small = append(s.small, k)
+	if len(s.small) > 16 {
+		s.big = make(map[string]struct{}, 64)
+		for _, prev := range s.small {
+			s.big[prev] = struct{}{}
+		}
+		s.small = nil
+	}
+	return false
 }

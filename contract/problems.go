@@ -33,12 +33,21 @@ func (ps Problems) Error() string {
 	return sb.String()
 }
 
+// maxKeptProblems bounds the problems kept for one document: a hostile body can hold
+// millions, and each costs memory; the rest are only counted.
+const maxKeptProblems = 1000
+
 // problemList accumulates problems during one decode.
 type problemList struct {
-	list Problems
+	list    Problems
+	dropped int
 }
 
 func (l *problemList) add(path, msg string) {
+	if len(l.list) >= maxKeptProblems {
+		l.dropped++
+		return
+	}
 	l.list = append(l.list, Problem{Path: path, Message: msg})
 }
 
@@ -50,4 +59,13 @@ func invalidInput(ps Problems) *Error {
 // upstreamError builds the SYS1_UPSTREAM_ERROR for an answer that breaks the contract.
 func upstreamError(ps Problems) *Error {
 	return Wrap(CodeUpstreamError, ps, "provider answer breaks the contract: %s", ps.Error())
+}
+
+// take moves the duplicate keys the parser found into the list.
+func (l *problemList) take(p *parser) {
+	for _, pr := range p.dupes {
+		l.add(pr.Path, pr.Message)
+	}
+	l.dropped += p.dupesDropped
+	p.dupes, p.dupesDropped = p.dupes[:0], 0
 }

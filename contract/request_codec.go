@@ -162,6 +162,8 @@ type requestDecoder struct {
 	probs  problemList
 	seen   reported
 	descs  []string
+	// extraCriteria counts the current question's options or levels past the limit.
+	extraCriteria int
 }
 
 // reported tracks what the reader already found wrong or missing.
@@ -169,9 +171,15 @@ type reported struct {
 	state, questions bool
 	q                []questionReported
 	images           []bool
+	// Items past a limit are counted, not kept: a 32 MiB body of tiny questions, options or
+	// images must not turn into gigabytes of structs. Validation reports the full count.
+	extraQuestions, extraImages int
 }
 
-type questionReported struct{ typ, instructions, criteria bool }
+type questionReported struct {
+	typ, instructions, criteria bool
+	extraCriteria               int // options or levels past the limit, counted only
+}
 
 // Top-level fields, as bits for duplicate detection.
 const (
@@ -223,12 +231,7 @@ func (d *requestDecoder) skipRaw(segs ...string) ([]byte, error) {
 	return rawCopy(d.p.data[s:e]), nil
 }
 
-func (d *requestDecoder) flushDupes() {
-	if len(d.p.dupes) > 0 {
-		d.probs.list = append(d.probs.list, d.p.dupes...)
-		d.p.dupes = d.p.dupes[:0]
-	}
-}
+func (d *requestDecoder) flushDupes() { d.probs.take(&d.p) }
 
 // skipQuiet skips a value without collecting duplicates (they are reported elsewhere or the
 // value is dropped).
@@ -342,6 +345,10 @@ func (d *requestDecoder) questions(req *Request) error {
 	// Raw keys seen so far; questions are few (≤ 64 valid), so a linear scan is cheapest.
 	var rawKeys []string
 	return d.p.object(func(key []byte) error {
+		if d.strict && len(req.Questions) >= MaxQuestions {
+			d.seen.extraQuestions++
+			return d.skipQuiet()
+		}
 		rawKey := d.p.keyString()
 		for _, k := range rawKeys {
 			if k == rawKey {
@@ -361,6 +368,7 @@ func (d *requestDecoder) questions(req *Request) error {
 		if err != nil {
 			return err
 		}
+		rep.extraCriteria = d.extraCriteria
 		req.Questions = append(req.Questions, q)
 		d.seen.q = append(d.seen.q, rep)
 		return nil
@@ -371,11 +379,12 @@ func (d *requestDecoder) questions(req *Request) error {
 func (d *requestDecoder) question(name string, path qpath) (Question, questionReported, error) {
 	q := Question{Name: name}
 	var rep questionReported
+	d.extraCriteria = 0
 	if k := d.p.kind(); k != kindObject {
 		if d.strict {
 			d.probs.add(path.at(""), "must be an object with type, instructions and criteria, got "+kindName(k))
 		}
-		return q, questionReported{true, true, true}, d.skipQuiet()
+		return q, questionReported{typ: true, instructions: true, criteria: true}, d.skipQuiet()
 	}
 	const (
 		fType = 1 << iota
@@ -519,6 +528,10 @@ func (d *requestDecoder) options(q *Question, qp qpath, noul bool) error {
 	var small [8]string
 	rawKeys := small[:0]
 	return d.p.object(func(key []byte) error {
+		if d.strict && len(q.Options) >= MaxOptions {
+			d.extraCriteria++
+			return d.skipQuiet()
+		}
 		rawKey := d.p.keyString()
 		for _, k := range rawKeys {
 			if k == rawKey {
@@ -573,6 +586,10 @@ func (d *requestDecoder) levels(q *Question, qp qpath) error {
 	i := 0
 	return d.p.array(func() error {
 		defer func() { i++ }()
+		if d.strict && len(q.Levels) >= MaxLevels {
+			d.extraCriteria++
+			return d.skipQuiet()
+		}
 		if k := d.p.kind(); k != kindString {
 			if d.strict {
 				d.probs.add(fmt.Sprintf("%s[%d]", qp.at(".criteria"), i), "must be a string, got "+kindName(k))
@@ -603,6 +620,10 @@ func (d *requestDecoder) images(req *Request) error {
 	i := 0
 	return d.p.array(func() error {
 		defer func() { i++ }()
+		if d.strict && len(req.Images) >= MaxImages {
+			d.seen.extraImages++
+			return d.skipQuiet()
+		}
 		switch k := d.p.kind(); {
 		case k == kindString:
 			s, err := d.p.str()

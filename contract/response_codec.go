@@ -47,10 +47,10 @@ func DecodeResponse(req *Request, body []byte) (*Response, *Error) {
 	resp, err := d.decode()
 	if err != nil {
 		d.probs.add("body", err.Error())
-		return nil, upstreamError(capProblems(d.probs.list))
+		return nil, upstreamError(capProblems(&d.probs))
 	}
 	if len(d.probs.list) > 0 {
-		return nil, upstreamError(capProblems(d.probs.list))
+		return nil, upstreamError(capProblems(&d.probs))
 	}
 	return resp, nil
 }
@@ -82,10 +82,7 @@ func (d *responseDecoder) skipChecked(path string) ([]byte, error) {
 	d.p.path = append(d.p.path[:0], pathSeg{key: path, index: -1})
 	s, e, err := d.p.skip()
 	d.p.path = d.p.path[:0]
-	if len(d.p.dupes) > 0 {
-		d.probs.list = append(d.probs.list, d.p.dupes...)
-		d.p.dupes = d.p.dupes[:0]
-	}
+	d.probs.take(&d.p)
 	if err != nil {
 		return nil, err
 	}
@@ -261,8 +258,7 @@ func (d *responseDecoder) answer(name string, path apath) (Answer, answerState, 
 		return a, st, err
 	}
 	start := d.p.pos
-	var small [8]string
-	keys := small[:0]
+	var keys keySet
 	num := func(bit int, field string, dst *float64) error {
 		if k := d.p.kind(); k != kindNumber {
 			if d.strict {
@@ -277,15 +273,12 @@ func (d *responseDecoder) answer(name string, path apath) (Answer, answerState, 
 	}
 	err := d.p.object(func(key []byte) error {
 		k := d.p.keyString()
-		for _, prev := range keys {
-			if prev == k {
-				if d.strict {
-					d.probs.add(path.at(""), fmt.Sprintf("duplicate key %q", k))
-				}
-				return d.skipQuiet()
+		if keys.add(k) {
+			if d.strict {
+				d.probs.add(path.at(""), fmt.Sprintf("duplicate key %q", k))
 			}
+			return d.skipQuiet()
 		}
-		keys = append(keys, k)
 		switch k {
 		case "type":
 			st.present |= aType
@@ -354,7 +347,18 @@ func (d *responseDecoder) probabilities(a *Answer, st *answerState, path apath) 
 		st.bad |= aProbabilities
 		return d.skipQuiet()
 	}
+	tooMany := false
 	return d.p.object(func(key []byte) error {
+		if d.strict && len(a.Probabilities) >= MaxOptions {
+			// No question has more than 26 keys: the rest is wrong anyway and not kept, so a
+			// hostile answer cannot make the checks quadratic.
+			if !tooMany {
+				d.probs.add(path.at(""), fmt.Sprintf("more than %d entries", MaxOptions))
+				tooMany = true
+			}
+			st.bad |= aProbabilities
+			return d.skipQuiet()
+		}
 		k := d.p.keyString()
 		for _, prev := range a.Probabilities {
 			if prev.Key == k {
@@ -381,7 +385,16 @@ func (d *responseDecoder) probabilities(a *Answer, st *answerState, path apath) 
 func (d *responseDecoder) legend(a *Answer, st *answerState, path apath) error {
 	switch k := d.p.kind(); k {
 	case kindObject:
+		tooMany := false
 		return d.p.object(func(key []byte) error {
+			if d.strict && len(a.Legend) >= MaxLevels {
+				if !tooMany {
+					d.probs.add(path.at(""), fmt.Sprintf("more than %d levels", MaxLevels))
+					tooMany = true
+				}
+				st.bad |= aLegend
+				return d.skipQuiet()
+			}
 			kk := d.p.keyString()
 			for _, prev := range a.Legend {
 				if prev.Key == kk {
@@ -405,8 +418,17 @@ func (d *responseDecoder) legend(a *Answer, st *answerState, path apath) error {
 		})
 	case kindArray:
 		i := 0
+		tooMany := false
 		return d.p.array(func() error {
 			defer func() { i++ }()
+			if d.strict && i >= MaxLevels {
+				if !tooMany {
+					d.probs.add(path.at(""), fmt.Sprintf("more than %d levels", MaxLevels))
+					tooMany = true
+				}
+				st.bad |= aLegend
+				return d.skipQuiet()
+			}
 			if kd := d.p.kind(); kd != kindString {
 				if d.strict {
 					d.probs.add(fmt.Sprintf("%s[%d]", path.at(""), i), "must be a string, got "+kindName(kd))
@@ -415,7 +437,11 @@ func (d *responseDecoder) legend(a *Answer, st *answerState, path apath) error {
 				return d.skipQuiet()
 			}
 			s, err := d.p.str()
-			a.Legend = append(a.Legend, LegendEntry{Key: strconv.Itoa(i), Label: s})
+			key := strconv.Itoa(i)
+			if i < len(levelKeys) {
+				key = levelKeys[i]
+			}
+			a.Legend = append(a.Legend, LegendEntry{Key: key, Label: s})
 			return err
 		})
 	default:
