@@ -581,10 +581,11 @@ func isBlankJSONString(raw []byte) bool {
 	return len(bytes.TrimSpace(inner)) == 0
 }
 
-// keySet detects repeated keys: a scan while small, a map once large, so a hostile object
-// with a million keys costs linear time.
+// keySet detects repeated keys: a scan over a fixed array while small, a map once large, so
+// typical objects cost no allocation and a hostile one with a million keys costs linear time.
 type keySet struct {
-	small []string
+	small [16]string
+	n     int
 	big   map[string]struct{}
 }
 
@@ -597,18 +598,20 @@ func (s *keySet) add(k string) bool {
 		s.big[k] = struct{}{}
 		return false
 	}
-	for _, prev := range s.small {
+	for _, prev := range s.small[:s.n] {
 		if prev == k {
 			return true
 		}
 	}
-	s.small = append(s.small, k)
-	if len(s.small) > 16 {
-		s.big = make(map[string]struct{}, 64)
-		for _, prev := range s.small {
-			s.big[prev] = struct{}{}
-		}
-		s.small = nil
+	if s.n < len(s.small) {
+		s.small[s.n] = k
+		s.n++
+		return false
 	}
+	s.big = make(map[string]struct{}, 64)
+	for _, prev := range s.small {
+		s.big[prev] = struct{}{}
+	}
+	s.big[k] = struct{}{}
 	return false
 }
