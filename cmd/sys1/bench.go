@@ -1,0 +1,349 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/worker/loadtest"
+)
+
+func init() {
+	register(command{name: "bench", summary: "load generator and report (--self: a whole deployment in-process)", run: runBench})
+}
+
+const benchUsage = `usage: sys1 bench [flags]
+
+Publishes System One requests to sys1.decide.<caller> from concurrent producers, collects every
+reply and reports sent, succeeded, failed by code, throughput, end-to-end latency, queue wait,
+provider time and the peak number of concurrent provider calls.
+
+Against a running deployment it connects like 'sys1 decide' (SYS1_NATS_URL, default
+nats://127.0.0.1:4222, and SYS1_NATS_*). Pass --metrics-url with the workers' /metrics
+(SYS1_HTTP_ADDR) to report their provider-call peak.
+
+With --self it starts, in this process, an embedded NATS server (temporary store), --replicas
+worker replicas with --concurrency each, and a fake Ollama answering in --provider-latency, so
+the worker's own overhead can be measured anywhere. See deploy/performance.md.
+
+Exit status: 0 when every run succeeded, 1 when any failed or went unanswered, 2 on usage or
+connection errors.
+
+flags:
+`
+
+type benchFlags struct {
+	n            int
+	duration     time.Duration
+	rate         float64
+	producers    int
+	template     string
+	caller       string
+	replyTimeout time.Duration
+	jsonOut      bool
+	metricsURLs  string
+	progress     string
+
+	self            bool
+	replicas        int
+	concurrency     int
+	fetchBatch      int
+	providerLatency time.Duration
+	preload         bool
+	hold            bool
+	cpuProfile      string
+	memSample       time.Duration
+}
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var f benchFlags
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, benchUsage); fs.PrintDefaults() }
+	fs.IntVar(&f.n, "n", 2000, "requests to publish (with --duration: at most this many; 0 = no cap)")
+	fs.DurationVar(&f.duration, "duration", 0, "publish for this long instead of a fixed count")
+	fs.Float64Var(&f.rate, "rate", 0, "target publish rate over all producers, per second (0 = as fast as possible)")
+	fs.IntVar(&f.producers, "c", 16, "concurrent producers")
+	fs.StringVar(&f.template, "template", "ticket", "request: "+strings.Join(loadtest.TemplateNames(), ", ")+" (contract/examples) or a JSON file")
+	fs.StringVar(&f.caller, "caller", "bench", "caller token: publishes to sys1.decide.<caller>")
+	fs.DurationVar(&f.replyTimeout, "reply-timeout", 30*time.Second, "give up on outstanding replies after this long without any reply")
+	fs.BoolVar(&f.jsonOut, "json", false, "print the report as JSON")
+	fs.StringVar(&f.metricsURLs, "metrics-url", "", "comma list of worker /metrics URLs to read the provider-call peak from")
+	fs.StringVar(&f.progress, "progress", "auto", "live progress line on stderr: auto (when stderr is a terminal), always, never")
+	fs.BoolVar(&f.self, "self", false, "start NATS, worker replicas and a fake Ollama in this process")
+	fs.IntVar(&f.replicas, "replicas", 1, "--self: worker replicas")
+	fs.IntVar(&f.concurrency, "concurrency", 64, "--self: SYS1_CONCURRENCY of each replica")
+	fs.IntVar(&f.fetchBatch, "fetch-batch", 0, "--self: SYS1_FETCH_BATCH of each replica (0 = the worker's default)")
+	fs.DurationVar(&f.providerLatency, "provider-latency", 20*time.Millisecond, "--self: the fake Ollama's latency per call")
+	fs.BoolVar(&f.preload, "preload", false, "--self: publish every request before starting the workers (a backlog), then time the drain")
+	fs.BoolVar(&f.hold, "hold", false, "--self: after the report, keep the NATS server up (its URL on stderr) until interrupted")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the run (generator and, with --self, the workers) to this file")
+	fs.DurationVar(&f.memSample, "mem-sample", 250*time.Millisecond, "--self: memory sampling period")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sys1 bench: unexpected argument %q\n", fs.Arg(0))
+		fs.Usage()
+		return exitUsage
+	}
+	if err := f.check(); err != nil {
+		fmt.Fprintf(stderr, "sys1 bench: %v\n", err)
+		return exitUsage
+	}
+	body, err := loadtest.Template(f.template)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 bench: --template: %v\n", err)
+		return exitUsage
+	}
+	opts := loadtest.Options{
+		Requests: f.n, Duration: f.duration, Rate: f.rate, Producers: f.producers,
+		Caller: f.caller, Body: body, ReplyTimeout: f.replyTimeout,
+	}
+	if showProgress(f.progress, stderr) {
+		opts.Progress = func(p loadtest.Progress) {
+			fmt.Fprintf(stderr, "\r\033[Ksent %d  answered %d  outstanding %d  %.1fs", p.Sent, p.Answered, p.Outstanding, p.Elapsed.Seconds())
+		}
+	}
+
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "sys1 bench: --cpuprofile: %v\n", err)
+			return exitUsage
+		}
+		defer func() { _ = pf.Close() }()
+		// Started after flag parsing, before the deployment, so a profile shows start-up too;
+		// under load the steady state dominates it.
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			fmt.Fprintf(stderr, "sys1 bench: --cpuprofile: %v\n", err)
+			return exitUsage
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	var rep *loadtest.Report
+	var runErr error
+	var self *loadtest.Self
+	if f.self {
+		log := zerolog.New(stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()
+		self, err = loadtest.StartSelf(ctx, loadtest.SelfOptions{
+			Replicas: f.replicas, Concurrency: f.concurrency, FetchBatch: f.fetchBatch,
+			ProviderLatency: f.providerLatency, Logger: log,
+		})
+		if err != nil {
+			fmt.Fprintf(stderr, "sys1 bench: --self: %v\n", err)
+			return exitUsage
+		}
+		defer func() {
+			if err := self.Close(); err != nil {
+				fmt.Fprintf(stderr, "sys1 bench: tear-down: %v\n", err)
+			}
+		}()
+		if f.preload {
+			opts.BeforeDrain = self.StartWorkers
+		} else if err := self.StartWorkers(ctx); err != nil {
+			fmt.Fprintf(stderr, "sys1 bench: %v\n", err)
+			return exitUsage
+		}
+		opts.Sampler = &loadtest.MemorySampler{Interval: f.memSample}
+		nc, err := self.Connect()
+		if err != nil {
+			fmt.Fprintf(stderr, "sys1 bench: %v\n", err)
+			return exitUsage
+		}
+		defer nc.Close()
+		rep, runErr = loadtest.Run(ctx, nc, opts)
+		if rep != nil {
+			rep.Peak = self.Peak()
+		}
+	} else {
+		conn, err := dialClient(ctx, "sys1-bench", stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "sys1 bench: %v\n", err)
+			return exitUsage
+		}
+		defer conn.Close()
+		rep, runErr = loadtest.Run(ctx, conn.NC, opts)
+		if rep != nil && f.metricsURLs != "" {
+			if rep.Peak, err = loadtest.ScrapePeak(ctx, splitList(f.metricsURLs)); err != nil {
+				fmt.Fprintf(stderr, "sys1 bench: --metrics-url: %v\n", err)
+			}
+		}
+	}
+	if opts.Progress != nil {
+		fmt.Fprint(stderr, "\r\033[K")
+	}
+	if rep == nil {
+		fmt.Fprintf(stderr, "sys1 bench: %v\n", runErr)
+		return exitUsage
+	}
+	if runErr != nil {
+		fmt.Fprintf(stderr, "sys1 bench: publishing stopped early: %v\n", runErr)
+	}
+
+	out := benchOutput{Setup: f.setup(body), Report: rep}
+	if f.self && f.providerLatency > 0 {
+		// The provider bound: every replica's slots busy with calls that take providerLatency.
+		bound := float64(f.replicas*f.concurrency) / f.providerLatency.Seconds()
+		out.ProviderBound = bound
+		out.Efficiency = rep.Throughput / bound
+	}
+	if err := out.write(stdout, f.jsonOut); err != nil {
+		fmt.Fprintf(stderr, "sys1 bench: %v\n", err)
+		return exitUsage
+	}
+
+	if f.self && f.hold {
+		fmt.Fprintf(stderr, "sys1 bench: holding; NATS at %s (workers still running); interrupt to stop\n", self.URL())
+		<-ctx.Done()
+	}
+	if rep.Failed > 0 || runErr != nil {
+		return exitFailed
+	}
+	return exitOK
+}
+
+func (f *benchFlags) check() error {
+	var errs []error
+	if f.n < 0 {
+		errs = append(errs, fmt.Errorf("-n must not be negative, got %d", f.n))
+	}
+	if f.n == 0 && f.duration <= 0 {
+		errs = append(errs, errors.New("-n 0 needs a --duration"))
+	}
+	if f.producers < 1 {
+		errs = append(errs, fmt.Errorf("-c must be at least 1, got %d", f.producers))
+	}
+	if f.rate < 0 {
+		errs = append(errs, fmt.Errorf("--rate must not be negative, got %g", f.rate))
+	}
+	if f.replyTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--reply-timeout must be positive, got %s", f.replyTimeout))
+	}
+	switch f.progress {
+	case "auto", "always", "never":
+	default:
+		errs = append(errs, fmt.Errorf("--progress must be auto, always or never, got %q", f.progress))
+	}
+	if !f.self {
+		for _, name := range []string{"preload", "hold"} {
+			if (name == "preload" && f.preload) || (name == "hold" && f.hold) {
+				errs = append(errs, fmt.Errorf("--%s needs --self", name))
+			}
+		}
+	} else if f.metricsURLs != "" {
+		errs = append(errs, errors.New("--metrics-url is for an external deployment; --self reports the peak itself"))
+	}
+	if f.preload && f.n == 0 {
+		errs = append(errs, errors.New("--preload needs -n (a fixed backlog)"))
+	}
+	if f.memSample <= 0 {
+		errs = append(errs, fmt.Errorf("--mem-sample must be positive, got %s", f.memSample))
+	}
+	return errors.Join(errs...)
+}
+
+// benchSetup echoes what was measured, so a JSON report stands on its own.
+type benchSetup struct {
+	Template          string  `json:"template"`
+	RequestBytes      int     `json:"request_bytes"`
+	Requests          int     `json:"requests"`
+	DurationMS        float64 `json:"duration_ms,omitempty"`
+	Rate              float64 `json:"rate_per_s"`
+	Producers         int     `json:"producers"`
+	Self              bool    `json:"self"`
+	Replicas          int     `json:"replicas,omitempty"`
+	Concurrency       int     `json:"concurrency,omitempty"`
+	ProviderLatencyMS float64 `json:"provider_latency_ms,omitempty"`
+	Preload           bool    `json:"preload,omitempty"`
+}
+
+func (f *benchFlags) setup(body []byte) benchSetup {
+	s := benchSetup{Template: f.template, RequestBytes: len(body), Requests: f.n, Rate: f.rate, Producers: f.producers, Self: f.self}
+	if f.duration > 0 {
+		s.DurationMS = float64(f.duration.Milliseconds())
+	}
+	if f.self {
+		s.Replicas, s.Concurrency, s.Preload = f.replicas, f.concurrency, f.preload
+		s.ProviderLatencyMS = float64(f.providerLatency.Microseconds()) / 1000
+	}
+	return s
+}
+
+type benchOutput struct {
+	Setup  benchSetup       `json:"setup"`
+	Report *loadtest.Report `json:"report"`
+	// ProviderBound is replicas × concurrency ÷ provider latency (--self with a latency);
+	// Efficiency is the achieved throughput over it.
+	ProviderBound float64 `json:"provider_bound_per_s,omitempty"`
+	Efficiency    float64 `json:"efficiency,omitempty"`
+}
+
+func (o benchOutput) write(w io.Writer, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(o)
+	}
+	s := o.Setup
+	target := "as fast as possible"
+	if s.Rate > 0 {
+		target = fmt.Sprintf("%g/s", s.Rate)
+	}
+	fmt.Fprintf(w, "sys1 bench: template %s (%d bytes), %d producers, rate %s", s.Template, s.RequestBytes, s.Producers, target)
+	if s.Self {
+		fmt.Fprintf(w, "; in-process: %d replica(s) × concurrency %d, provider latency %gms", s.Replicas, s.Concurrency, s.ProviderLatencyMS)
+		if s.Preload {
+			fmt.Fprint(w, ", preloaded backlog")
+		}
+	}
+	fmt.Fprintln(w)
+	if err := o.Report.WriteText(w); err != nil {
+		return err
+	}
+	if o.ProviderBound > 0 {
+		_, err := fmt.Fprintf(w, "efficiency    %.3f of the provider bound %.0f/s (replicas × concurrency ÷ provider latency)\n", o.Efficiency, o.ProviderBound)
+		return err
+	}
+	return nil
+}
+
+// showProgress decides whether to draw the live line: only on a terminal unless forced, so
+// logs and pipes stay clean.
+func showProgress(mode string, stderr io.Writer) bool {
+	switch mode {
+	case "always":
+		return true
+	case "never":
+		return false
+	}
+	f, ok := stderr.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

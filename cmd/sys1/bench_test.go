@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+type benchJSON struct {
+	Setup struct {
+		Replicas    int `json:"replicas"`
+		Concurrency int `json:"concurrency"`
+	} `json:"setup"`
+	Report struct {
+		Sent      int            `json:"sent"`
+		Succeeded int            `json:"succeeded"`
+		Failed    int            `json:"failed"`
+		FailedBy  map[string]int `json:"failed_by_code"`
+		Latency   struct {
+			Count int     `json:"count"`
+			P50   float64 `json:"p50_ms"`
+			Max   float64 `json:"max_ms"`
+		} `json:"latency"`
+		Peak *struct {
+			Calls      int64   `json:"calls"`
+			PerReplica []int64 `json:"per_replica"`
+		} `json:"provider_peak"`
+		Memory *struct {
+			PeakRSS uint64 `json:"peak_rss_bytes"`
+		} `json:"memory"`
+	} `json:"report"`
+	ProviderBound float64 `json:"provider_bound_per_s"`
+	Efficiency    float64 `json:"efficiency"`
+}
+
+func runBenchJSON(t *testing.T, args ...string) (benchJSON, string, int) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), append([]string{"bench", "--json", "--progress", "never"}, args...), &stdout, &stderr)
+	var out benchJSON
+	if code != exitUsage {
+		if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+			t.Fatalf("bench --json output does not parse: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+		}
+	}
+	return out, stderr.String(), code
+}
+
+// A tiny in-process run: the report adds up, everything succeeded, and the provider was
+// never called more concurrently than the replicas allow.
+func TestBenchSelfTiny(t *testing.T) {
+	const n, replicas, concurrency = 40, 2, 3
+	out, stderr, code := runBenchJSON(t, "--self", "-n", "40", "-c", "4", "--replicas", "2", "--concurrency", "3",
+		"--provider-latency", "1ms", "--template", "one")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+	r := out.Report
+	if r.Sent != n || r.Sent != r.Succeeded+r.Failed || r.Succeeded != n {
+		t.Fatalf("sent %d succeeded %d failed %d (%v), want %d = succeeded", r.Sent, r.Succeeded, r.Failed, r.FailedBy, n)
+	}
+	if r.Latency.Count != n || r.Latency.Max < r.Latency.P50 {
+		t.Errorf("latency %+v, want %d samples with max ≥ p50", r.Latency, n)
+	}
+	if r.Peak == nil || r.Peak.Calls < 1 || r.Peak.Calls > replicas*concurrency || len(r.Peak.PerReplica) != replicas {
+		t.Fatalf("provider peak %+v, want 1..%d over %d replicas", r.Peak, replicas*concurrency, replicas)
+	}
+	if r.Memory == nil || r.Memory.PeakRSS == 0 {
+		t.Errorf("--self should report memory, got %+v", r.Memory)
+	}
+	if out.Setup.Replicas != replicas || out.Setup.Concurrency != concurrency || out.ProviderBound != float64(replicas*concurrency)/0.001 || out.Efficiency <= 0 {
+		t.Errorf("setup %+v bound %g efficiency %g", out.Setup, out.ProviderBound, out.Efficiency)
+	}
+}
+
+func TestBenchSelfPreloadText(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"bench", "--self", "--preload", "-n", "20", "--concurrency", "4", "--provider-latency", "0s", "--progress", "never"}, &stdout, &stderr)
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
+	}
+	for _, want := range []string{"preloaded backlog", "sent          20", "succeeded     20", "failed        0", "throughput", "provider peak", "memory"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, stdout.String())
+		}
+	}
+}
+
+// Against an external deployment (here a worker on the simulator), connecting with SYS1_NATS_URL.
+func TestBenchAgainstADeployment(t *testing.T) {
+	t.Setenv("SYS1_NATS_URL", startDeployment(t, true))
+	out, stderr, code := runBenchJSON(t, "-n", "10", "-c", "2")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+	if r := out.Report; r.Sent != 10 || r.Succeeded != 10 || r.Peak != nil {
+		t.Fatalf("report %+v: want 10 succeeded and no peak (no --metrics-url)", r)
+	}
+}
+
+func TestBenchWithNoWorkerReportsNoReply(t *testing.T) {
+	t.Setenv("SYS1_NATS_URL", startDeployment(t, false))
+	out, _, code := runBenchJSON(t, "-n", "3", "-c", "1", "--reply-timeout", "50ms")
+	if code != exitFailed {
+		t.Fatalf("exit %d, want %d when runs go unanswered", code, exitFailed)
+	}
+	if r := out.Report; r.Sent != 3 || r.Failed != 3 || r.FailedBy["no_reply"] != 3 {
+		t.Fatalf("report %+v: want 3 sent, 3 no_reply", r)
+	}
+}
+
+func TestBenchUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--preload"}, "--preload needs --self"},
+		{[]string{"--hold"}, "--hold needs --self"},
+		{[]string{"-n", "0"}, "-n 0 needs a --duration"},
+		{[]string{"-c", "0"}, "-c must be at least 1"},
+		{[]string{"--rate", "-5"}, "--rate must not be negative"},
+		{[]string{"--progress", "sometimes"}, "--progress must be auto, always or never"},
+		{[]string{"--self", "--metrics-url", "http://x/metrics"}, "--self reports the peak itself"},
+		{[]string{"--template", "seventy"}, `unknown template "seventy"`},
+		{[]string{"--self", "--replicas", "0"}, "replicas must be 1–64"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), append([]string{"bench", "--progress", "never"}, tc.args...), &stdout, &stderr)
+		if code != exitUsage || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("bench %v: exit %d, stderr %q; want exit %d mentioning %q", tc.args, code, stderr.String(), exitUsage, tc.want)
+		}
+	}
+}

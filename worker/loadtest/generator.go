@@ -1,0 +1,423 @@
+// Package loadtest generates System One load against a sys1 deployment and measures it: it
+// publishes requests from concurrent producers at a target rate, collects every reply on one
+// inbox subscription (matched by Sys1-Run-Id), and reports throughput, end-to-end latency,
+// queue wait, provider time and failures by code. Self starts a whole deployment in-process
+// (embedded NATS, worker replicas, fake Ollama) so the worker's own overhead can be measured
+// on a laptop.
+package loadtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/sys1hq/sys1/worker/client"
+)
+
+// CodeNoReply is the failure code of a run whose reply never arrived: no reply for
+// Options.ReplyTimeout, or the run was interrupted. It is not a SYS1_ code: the worker never
+// said the run failed, the generator just stopped waiting.
+const CodeNoReply = "no_reply"
+
+// Options describe one load run.
+type Options struct {
+	// Requests is how many requests to publish; with Duration set it is an upper bound (0:
+	// none). One of the two is required.
+	Requests int
+	// Duration is how long to keep publishing.
+	Duration time.Duration
+	// Rate is the target publish rate over all producers, per second; 0 publishes as fast
+	// as the producers can.
+	Rate float64
+	// Producers is how many goroutines publish concurrently (each awaits JetStream's ack).
+	Producers int
+	// Caller is the subject token: requests go to sys1.decide.<Caller>.
+	Caller string
+	// Body is the request JSON sent with every message.
+	Body []byte
+	// ReplyTimeout is how long to wait with no reply arriving before giving up on the
+	// outstanding runs (they count as CodeNoReply). Zero means 30 s.
+	ReplyTimeout time.Duration
+	// BeforeDrain, when set, runs after every request is published and before replies are
+	// awaited (the preload mode: build a backlog, then start the workers). The throughput
+	// clock starts when it returns.
+	BeforeDrain func(ctx context.Context) error
+	// Progress, when set, is called about twice a second while the run lasts.
+	Progress func(Progress)
+	// Sampler, when set, samples memory while replies are collected.
+	Sampler *MemorySampler
+}
+
+// Progress is a live snapshot of a run.
+type Progress struct {
+	Sent, Answered, Outstanding int64
+	Elapsed                     time.Duration
+}
+
+// Report is a run's result. Sent = Succeeded + Failed always holds: a run that got no reply is
+// failed with CodeNoReply.
+type Report struct {
+	Sent      int            `json:"sent"`
+	Succeeded int            `json:"succeeded"`
+	Failed    int            `json:"failed"`
+	FailedBy  map[string]int `json:"failed_by_code"`
+	// PublishErrors are requests JetStream did not store (not counted in Sent).
+	PublishErrors int `json:"publish_errors"`
+	// DuplicateReplies are replies for runs already answered (replies are at least once).
+	DuplicateReplies int `json:"duplicate_replies"`
+	// ElapsedMS is from the first publish (or, with a preload, the start of the drain) to the
+	// last reply; Throughput is replies per second over it.
+	ElapsedMS  float64 `json:"elapsed_ms"`
+	Throughput float64 `json:"throughput_per_s"`
+	// PublishMS is how long publishing took; PublishRate the achieved publish rate.
+	PublishMS   float64 `json:"publish_ms"`
+	PublishRate float64 `json:"publish_rate_per_s"`
+	// Latency is end to end: publish start to reply received, per answered run.
+	Latency Summary `json:"latency"`
+	// QueueWait is the reply's queued_ms: stream publish to the worker starting the run.
+	QueueWait Summary `json:"queue_wait"`
+	// ProviderTime is every attempt's latency_ms.
+	ProviderTime Summary `json:"provider_time"`
+	// Peak is the most concurrent provider calls, when known (see Peak).
+	Peak *Peak `json:"provider_peak,omitempty"`
+	// Memory is the process memory while replies were collected (--self only).
+	Memory *MemoryReport `json:"memory,omitempty"`
+}
+
+// Run publishes the requests and collects their replies on nc. It returns an error only when
+// the run could not take place (bad options, no stream, no connection); failed runs are in
+// the report.
+func Run(ctx context.Context, nc *nats.Conn, o Options) (*Report, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	if o.ReplyTimeout <= 0 {
+		o.ReplyTimeout = 30 * time.Second
+	}
+	cl, err := client.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	g := &generator{o: o, cl: cl, pending: map[string]time.Time{}, failedBy: map[string]int{}, answeredCh: make(chan struct{}, 1)}
+	// One subscription for every reply: a per-request inbox would cost a subscription round
+	// trip per request and skew what we measure.
+	g.inbox = nc.NewInbox()
+	sub, err := nc.Subscribe(g.inbox, g.onReply)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to the reply inbox: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	// A slow consumer would drop replies and report them as lost: never limit this one.
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		return nil, fmt.Errorf("reply subscription limits: %w", err)
+	}
+	if err := nc.Flush(); err != nil {
+		return nil, fmt.Errorf("register the reply subscription: %w", err)
+	}
+
+	stopProgress := g.progress(ctx)
+	defer stopProgress()
+
+	g.start = time.Now()
+	pubErr := g.publishAll(ctx)
+	published := time.Now()
+	if pubErr != nil && g.sent.Load() == 0 {
+		return nil, pubErr
+	}
+	g.clock = g.start
+	if o.BeforeDrain != nil && pubErr == nil {
+		if err := o.BeforeDrain(ctx); err != nil {
+			return nil, fmt.Errorf("before drain: %w", err)
+		}
+		g.mu.Lock()
+		g.clock = time.Now()
+		g.mu.Unlock()
+	}
+	if o.Sampler != nil {
+		o.Sampler.Start()
+	}
+	g.await(ctx)
+	if o.Sampler != nil {
+		o.Sampler.Stop()
+	}
+	rep := g.report(published)
+	if o.Sampler != nil {
+		rep.Memory = o.Sampler.Report()
+	}
+	if pubErr != nil {
+		return rep, pubErr
+	}
+	return rep, nil
+}
+
+func (o *Options) check() error {
+	var errs []error
+	if o.Requests < 0 {
+		errs = append(errs, fmt.Errorf("requests must not be negative, got %d", o.Requests))
+	}
+	if o.Requests == 0 && o.Duration <= 0 {
+		errs = append(errs, errors.New("set a number of requests or a duration"))
+	}
+	if o.Duration < 0 {
+		errs = append(errs, fmt.Errorf("duration must not be negative, got %s", o.Duration))
+	}
+	if o.Rate < 0 {
+		errs = append(errs, fmt.Errorf("rate must not be negative, got %g", o.Rate))
+	}
+	if o.Producers < 1 {
+		errs = append(errs, fmt.Errorf("producers must be at least 1, got %d", o.Producers))
+	}
+	if o.Caller == "" {
+		errs = append(errs, errors.New("caller is required"))
+	}
+	if len(o.Body) == 0 {
+		errs = append(errs, errors.New("request body is empty"))
+	}
+	if o.BeforeDrain != nil && o.Requests == 0 {
+		errs = append(errs, errors.New("a preload needs a number of requests, not a duration"))
+	}
+	return errors.Join(errs...)
+}
+
+type generator struct {
+	o     Options
+	cl    *client.Client
+	inbox string
+	start time.Time
+
+	next     atomic.Int64 // the next request index to publish
+	sent     atomic.Int64
+	answered atomic.Int64
+	pubErrs  atomic.Int64
+	// answeredCh is signalled (non-blocking) on every reply so await notices the end.
+	answeredCh chan struct{}
+
+	mu         sync.Mutex
+	pending    map[string]time.Time // run id → publish start
+	clock      time.Time            // throughput clock start
+	last       time.Time            // last reply
+	succeeded  int
+	failedBy   map[string]int
+	dups       int
+	latency    []time.Duration
+	queueWait  []time.Duration
+	providerMS []time.Duration
+}
+
+// publishAll runs the producers until the count or the duration is reached, ctx ends, or
+// publishing fails for good (no stream).
+func (g *generator) publishAll(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	prefix := "bench-" + nuid.Next() + "-"
+	var wg sync.WaitGroup
+	for range g.o.Producers {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := g.next.Add(1) - 1
+				if g.o.Requests > 0 && i >= int64(g.o.Requests) {
+					return
+				}
+				if g.o.Rate > 0 {
+					// The i-th request is due at i/rate: a schedule, not a sleep after each
+					// publish, so a slow ack does not lower the rate.
+					due := time.Duration(float64(i) / g.o.Rate * float64(time.Second))
+					if g.o.Duration > 0 && due >= g.o.Duration {
+						return
+					}
+					if !waitUntil(ctx, g.start.Add(due)) {
+						return
+					}
+				} else if g.o.Duration > 0 && time.Since(g.start) >= g.o.Duration {
+					return
+				}
+				if err := g.publish(ctx, prefix+strconv.FormatInt(i, 10)); err != nil {
+					if errors.Is(err, client.ErrNoStream) || errors.Is(err, nats.ErrConnectionClosed) {
+						cancel(err)
+						return
+					}
+					g.pubErrs.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+func (g *generator) publish(ctx context.Context, runID string) error {
+	// Register before publishing: a fast worker can answer before the publish ack arrives.
+	g.mu.Lock()
+	g.pending[runID] = time.Now()
+	g.mu.Unlock()
+	_, err := g.cl.Publish(ctx, client.Request{Caller: g.o.Caller, Body: g.o.Body, RunID: runID, ReplyTo: g.inbox})
+	if err != nil {
+		g.mu.Lock()
+		delete(g.pending, runID)
+		g.mu.Unlock()
+		return err
+	}
+	g.sent.Add(1)
+	return nil
+}
+
+// replyView is the part of the reply envelope (SPEC §4) the report needs.
+type replyView struct {
+	Status string `json:"status"`
+	Error  *struct {
+		Code string `json:"code"`
+	} `json:"error"`
+	Attempts []struct {
+		LatencyMS int64 `json:"latency_ms"`
+	} `json:"attempts"`
+	QueuedMS int64 `json:"queued_ms"`
+}
+
+func (g *generator) onReply(msg *nats.Msg) {
+	now := time.Now()
+	runID := msg.Header.Get(client.HeaderRunID)
+	var v replyView
+	parseErr := json.Unmarshal(msg.Data, &v)
+
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sentAt, ok := g.pending[runID]
+	if !ok {
+		g.dups++
+		return
+	}
+	delete(g.pending, runID)
+	g.last = now
+	g.latency = append(g.latency, now.Sub(sentAt))
+	switch {
+	case parseErr != nil:
+		g.failedBy["unparseable_reply"]++
+	case v.Status == "success":
+		g.succeeded++
+	default:
+		code := "unknown"
+		if v.Error != nil && v.Error.Code != "" {
+			code = v.Error.Code
+		}
+		g.failedBy[code]++
+	}
+	if parseErr == nil {
+		g.queueWait = append(g.queueWait, time.Duration(v.QueuedMS)*time.Millisecond)
+		for _, a := range v.Attempts {
+			g.providerMS = append(g.providerMS, time.Duration(a.LatencyMS)*time.Millisecond)
+		}
+	}
+	g.answered.Add(1)
+	select {
+	case g.answeredCh <- struct{}{}:
+	default:
+	}
+}
+
+// await waits until every published run is answered, no reply arrives for ReplyTimeout, or
+// ctx ends.
+func (g *generator) await(ctx context.Context) {
+	idle := time.NewTimer(g.o.ReplyTimeout)
+	defer idle.Stop()
+	for g.answered.Load() < g.sent.Load() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-idle.C:
+			return
+		case <-g.answeredCh:
+			if !idle.Stop() {
+				select {
+				case <-idle.C:
+				default:
+				}
+			}
+			idle.Reset(g.o.ReplyTimeout)
+		}
+	}
+}
+
+func (g *generator) report(published time.Time) *Report {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	r := &Report{
+		Sent:             int(g.sent.Load()),
+		Succeeded:        g.succeeded,
+		FailedBy:         map[string]int{},
+		PublishErrors:    int(g.pubErrs.Load()),
+		DuplicateReplies: g.dups,
+		PublishMS:        ms(published.Sub(g.start)),
+		Latency:          Summarize(g.latency),
+		QueueWait:        Summarize(g.queueWait),
+		ProviderTime:     Summarize(g.providerMS),
+	}
+	for code, n := range g.failedBy {
+		r.FailedBy[code] = n
+		r.Failed += n
+	}
+	if len(g.pending) > 0 {
+		r.FailedBy[CodeNoReply] = len(g.pending)
+		r.Failed += len(g.pending)
+	}
+	if pub := published.Sub(g.start); pub > 0 {
+		r.PublishRate = float64(r.Sent) / pub.Seconds()
+	}
+	if answered := len(g.latency); answered > 0 && g.last.After(g.clock) {
+		el := g.last.Sub(g.clock)
+		r.ElapsedMS = ms(el)
+		r.Throughput = float64(answered) / el.Seconds()
+	}
+	return r
+}
+
+// progress reports a live snapshot every 500 ms until the returned stop is called.
+func (g *generator) progress(ctx context.Context) (stop func()) {
+	if g.o.Progress == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				sent, answered := g.sent.Load(), g.answered.Load()
+				g.o.Progress(Progress{Sent: sent, Answered: answered, Outstanding: sent - answered, Elapsed: time.Since(g.start)})
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
+// waitUntil sleeps until t; false if ctx ended first.
+func waitUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,215 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider/ollama"
+	"github.com/sys1hq/sys1/provider/ollamatest"
+	"github.com/sys1hq/sys1/worker"
+	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/natsconn"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+// SelfOptions size an in-process deployment.
+type SelfOptions struct {
+	// Replicas is the number of worker replicas, each on its own NATS connection.
+	Replicas int
+	// Concurrency is each replica's SYS1_CONCURRENCY.
+	Concurrency int
+	// FetchBatch is each replica's SYS1_FETCH_BATCH; 0 keeps the worker's default.
+	FetchBatch int
+	// ProviderLatency is how long the fake Ollama takes per call.
+	ProviderLatency time.Duration
+	// Dir holds the JetStream store; empty means a fresh temporary directory, removed by Close.
+	Dir string
+	// Logger receives the workers' and the server's warnings.
+	Logger zerolog.Logger
+}
+
+// Self is a whole sys1 deployment in this process: an embedded nats-server with JetStream,
+// the fake Ollama, and worker replicas using the real Ollama adapter over loopback HTTP.
+type Self struct {
+	opt     SelfOptions
+	srv     *server.Server
+	fake    *ollamatest.Server
+	dir     string
+	ownDir  bool
+	workers []*selfWorker
+
+	mu      sync.Mutex
+	running bool
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+type selfWorker struct {
+	w    *worker.Worker
+	nc   *nats.Conn
+	prov *ollama.Client
+	err  error
+}
+
+// StartSelf starts the server, the fake and the replicas (created, topology ensured, not yet
+// consuming: call StartWorkers). On error everything started is torn down.
+func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
+	if o.Replicas < 1 || o.Replicas > 64 {
+		return nil, fmt.Errorf("replicas must be 1–64, got %d", o.Replicas)
+	}
+	if o.Concurrency < 1 || o.Concurrency > 4096 {
+		return nil, fmt.Errorf("concurrency must be 1–4096, got %d", o.Concurrency)
+	}
+	if o.ProviderLatency < 0 {
+		return nil, fmt.Errorf("provider latency must not be negative, got %s", o.ProviderLatency)
+	}
+	s := &Self{opt: o, dir: o.Dir}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if s.dir == "" {
+		if s.dir, err = os.MkdirTemp("", "sys1-bench-"); err != nil {
+			return nil, fmt.Errorf("store directory: %w", err)
+		}
+		s.ownDir = true
+	}
+	log := o.Logger
+	if s.srv, err = natsconn.StartEmbedded(natsconn.EmbeddedOptions{Port: -1, StoreDir: s.dir, Logger: &log}); err != nil {
+		return nil, err
+	}
+	// Keep no request bodies: a long run would otherwise hold its last requests in memory.
+	s.fake = ollamatest.NewServer(ollamatest.WithLatency(o.ProviderLatency), ollamatest.WithRecordLimit(0))
+
+	topo := topology.Default()
+	// The shared consumer's MaxAckPending caps every replica together.
+	topo.MaxAckPending = max(topo.MaxAckPending, 2*o.Replicas*o.Concurrency)
+	// Auth mode none warns that it is for development; in a benchmark that is the point.
+	authn, err := auth.New(ctx, auth.DefaultConfig(), log.Level(zerolog.ErrorLevel))
+	if err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	for i := range o.Replicas {
+		sw := &selfWorker{}
+		s.workers = append(s.workers, sw)
+		if sw.nc, err = nats.Connect(s.srv.ClientURL(), nats.Name("sys1-bench-worker-"+strconv.Itoa(i)), nats.MaxReconnects(-1)); err != nil {
+			return nil, fmt.Errorf("replica %d: connect: %w", i, err)
+		}
+		js, err := jetstream.New(sw.nc)
+		if err != nil {
+			return nil, fmt.Errorf("replica %d: jetstream: %w", i, err)
+		}
+		if sw.prov, err = ollama.New(ollama.Config{BaseURL: s.fake.URL(), TimeoutMS: "30000"},
+			ollama.WithMaxConns(o.Concurrency), ollama.WithLogger(log)); err != nil {
+			return nil, fmt.Errorf("replica %d: provider: %w", i, err)
+		}
+		cfg := worker.Config{
+			Concurrency: o.Concurrency, MaxDeliver: 5, ShutdownGrace: 10 * time.Second,
+			FetchBatch: 16, RetryBase: time.Second, RetryMax: time.Minute, ID: "bench-" + strconv.Itoa(i),
+		}
+		if o.FetchBatch > 0 {
+			cfg.FetchBatch = o.FetchBatch
+		}
+		if sw.w, err = worker.New(ctx, cfg, worker.Options{
+			NC: sw.nc, JS: js, Topology: topo, Provider: sw.prov, Policy: contract.Policy{DefaultModel: "nimble"},
+			Auth: authn, Logger: log, Version: "bench", FetchWait: 250 * time.Millisecond,
+		}); err != nil {
+			return nil, fmt.Errorf("replica %d: %w", i, err)
+		}
+	}
+	return s, nil
+}
+
+// URL is the embedded server's client URL.
+func (s *Self) URL() string { return s.srv.ClientURL() }
+
+// StartWorkers starts every replica's pull loop. It is idempotent.
+func (s *Self) StartWorkers(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running {
+		return nil
+	}
+	// The replicas outlive the caller's context: Close stops them, after the run is measured.
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel, s.running = cancel, true
+	for _, sw := range s.workers {
+		s.wg.Go(func() { sw.err = sw.w.Run(ctx) })
+	}
+	return nil
+}
+
+// Peak is the most concurrent provider calls: exact from the fake, with each replica's own.
+func (s *Self) Peak() *Peak {
+	p := &Peak{Calls: s.fake.MaxConcurrent(), Source: "fake Ollama (all replicas)"}
+	for _, sw := range s.workers {
+		p.PerReplica = append(p.PerReplica, sw.w.Stats().ProviderPeak)
+	}
+	return p
+}
+
+// Stats are each replica's counters.
+func (s *Self) Stats() []worker.Stats {
+	out := make([]worker.Stats, 0, len(s.workers))
+	for _, sw := range s.workers {
+		out = append(out, sw.w.Stats())
+	}
+	return out
+}
+
+// Close stops the replicas (letting in-flight runs finish), the fake and the server, and
+// removes a temporary store. It returns the replicas' Run errors.
+func (s *Self) Close() error {
+	s.mu.Lock()
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	var errs []error
+	for _, sw := range s.workers {
+		if sw.err != nil {
+			errs = append(errs, sw.err)
+		}
+		if sw.nc != nil {
+			sw.nc.Close()
+		}
+		if sw.prov != nil {
+			sw.prov.Close()
+		}
+	}
+	if s.fake != nil {
+		s.fake.Close()
+	}
+	if s.srv != nil {
+		s.srv.Shutdown()
+		s.srv.WaitForShutdown()
+	}
+	if s.ownDir && s.dir != "" {
+		if err := os.RemoveAll(s.dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", s.dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Connect opens a producer connection to the embedded server.
+func (s *Self) Connect() (*nats.Conn, error) {
+	nc, err := nats.Connect(s.URL(), nats.Name("sys1-bench"), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("connect to the embedded server: %w", err)
+	}
+	return nc, nil
+}
