@@ -1,0 +1,117 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider"
+	"github.com/sys1hq/sys1/provider/ollama"
+	"github.com/sys1hq/sys1/provider/ollamatest"
+	"github.com/sys1hq/sys1/provider/simulator"
+	"github.com/sys1hq/sys1/worker"
+	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/loadtest"
+	"github.com/sys1hq/sys1/worker/natsconn"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+// BenchmarkPipeline measures decisions end to end through a real in-process nats-server: a
+// producer publishes b.N requests (ticket.json, 3 questions) and awaits every reply while one
+// worker replica runs them against a zero-latency provider. Each decision is the request
+// publish, the gate's create and outcome update, the record publish, the reply and the ack,
+// so this is the worker's own ceiling on this machine (figure 2 of deploy/performance.md).
+//
+//	go test -run '^$' -bench Pipeline -benchtime 5000x ./worker/
+func BenchmarkPipeline(b *testing.B) {
+	for _, bc := range []struct {
+		name     string
+		provider func(b *testing.B) provider.Provider
+	}{
+		// In-memory answers: NATS, the gate, encoding and the pipeline only.
+		{"simulator", func(*testing.B) provider.Provider { return simulator.New(0) }},
+		// The real Ollama adapter over loopback HTTP to the fake: adds the HTTP round trip.
+		{"ollama-fake", func(b *testing.B) provider.Provider {
+			fake := ollamatest.New(b, ollamatest.WithRecordLimit(0))
+			p, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "30000"}, ollama.WithMaxConns(64), ollama.WithLogger(zerolog.Nop()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(p.Close)
+			return p
+		}},
+	} {
+		for _, concurrency := range []int{16, 64} {
+			b.Run(fmt.Sprintf("%s/concurrency=%d", bc.name, concurrency), func(b *testing.B) {
+				benchPipeline(b, bc.provider(b), concurrency)
+			})
+		}
+	}
+}
+
+func benchPipeline(b *testing.B, prov provider.Provider, concurrency int) {
+	srv, err := natsconn.StartEmbedded(natsconn.EmbeddedOptions{Port: -1, StoreDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	connect := func(name string) *nats.Conn {
+		nc, err := nats.Connect(srv.ClientURL(), nats.Name(name))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(nc.Close)
+		return nc
+	}
+	wnc := connect("bench-worker")
+	js, err := jetstream.New(wnc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	authn, err := auth.New(ctx, auth.DefaultConfig(), zerolog.Nop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := worker.New(ctx, worker.Config{
+		Concurrency: concurrency, MaxDeliver: 5, ShutdownGrace: 10 * time.Second, FetchBatch: 16,
+		RetryBase: time.Second, RetryMax: time.Minute, ID: "bench-" + strconv.Itoa(concurrency),
+	}, worker.Options{
+		NC: wnc, JS: js, Topology: topology.Default(), Provider: prov, Policy: contract.Policy{DefaultModel: "nimble"},
+		Auth: authn, Logger: zerolog.Nop(), Version: "bench", FetchWait: 250 * time.Millisecond,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done })
+	body, err := loadtest.Template("ticket")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pnc := connect("bench-producer")
+
+	b.ReportAllocs()
+	b.ResetTimer()
+	rep, err := loadtest.Run(context.Background(), pnc, loadtest.Options{
+		Requests: b.N, Producers: 2 * concurrency, Caller: "bench", Body: body, ReplyTimeout: 30 * time.Second,
+	})
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if rep.Succeeded != b.N {
+		b.Fatalf("%d of %d runs succeeded: %v", rep.Succeeded, b.N, rep.FailedBy)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	b.ReportMetric(rep.Latency.P50MS, "p50-ms")
+	b.ReportMetric(rep.Latency.P99MS, "p99-ms")
+}
