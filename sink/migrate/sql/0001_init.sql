@@ -129,7 +129,10 @@ CREATE TABLE IF NOT EXISTS {{.DB}}.runs_per_minute
 ENGINE = AggregatingMergeTree
 PARTITION BY toYYYYMM(minute)
 ORDER BY (minute, model, caller, status)
-TTL minute + INTERVAL {{.RetentionDays}} DAY;
+TTL minute + INTERVAL {{.RetentionDays}} DAY
+-- A retried insert into runs is deduplicated here too (the sink sets
+-- deduplicate_blocks_in_dependent_materialized_views), so a retry is not counted twice.
+SETTINGS non_replicated_deduplication_window = 1000;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS {{.DB}}.runs_per_minute_mv TO {{.DB}}.runs_per_minute AS
 SELECT

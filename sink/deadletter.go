@@ -1,0 +1,98 @@
+package sink
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"time"
+)
+
+// deadLetterColumns is the INSERT column list of <db>.runs_dead_letter.
+var deadLetterColumns = []string{
+	"received_at", "runs_stream", "subject", "runs_seq", "deliveries", "error",
+	"payload", "payload_sha256", "payload_bytes",
+}
+
+// deadLetter is a SYS1_RUNS message that can never become a row of runs.
+type deadLetter struct {
+	receivedAt   time.Time
+	stream       string
+	subject      string
+	seq          uint64
+	deliveries   uint64
+	reason       string
+	payload      string
+	payloadSHA   string
+	payloadBytes uint64
+}
+
+func (d *deadLetter) values() []any {
+	return []any{d.receivedAt, d.stream, d.subject, d.seq, d.deliveries, d.reason, d.payload, d.payloadSHA, d.payloadBytes}
+}
+
+// newDeadLetter builds the dead-letter row of a message. The payload honours
+// SYS1_RECORD_STATE: in hash and none modes, state and instructions are redacted from it when
+// it parses as JSON, and it is left out (hash and size kept) when it does not, because a
+// deployment that must not keep caller content must not keep it here either. The message stays
+// readable in SYS1_RUNS by runs_seq for the stream's max age.
+func newDeadLetter(data []byte, from origin, subject string, deliveries uint64, reason string, mode RecordState) *deadLetter {
+	sum := sha256.Sum256(data)
+	d := &deadLetter{
+		receivedAt: time.Now().UTC(), stream: from.stream, subject: subject, seq: from.seq,
+		deliveries: deliveries, reason: reason,
+		payloadSHA: hex.EncodeToString(sum[:]), payloadBytes: uint64(len(data)),
+	}
+	if p, ok := redactPayload(data, mode); ok {
+		d.payload = p
+	} else {
+		d.reason += " (payload not stored: it is not JSON that SYS1_RECORD_STATE=" + string(mode) + " can redact)"
+	}
+	return d
+}
+
+// redactPayload applies the record-state mode to an arbitrary (possibly malformed) record
+// body. Key order is not preserved in redacted payloads; they are for diagnosis only.
+func redactPayload(data []byte, mode RecordState) (string, bool) {
+	if mode == RecordFull {
+		return string(data), true
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return "", false
+	}
+	if raw, ok := top["request"]; ok && string(raw) != "null" {
+		var req map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &req); err != nil {
+			return "", false
+		}
+		if s, ok := req["state"]; ok {
+			req["state"] = redactRaw(s, mode)
+		}
+		if qraw, ok := req["questions"]; ok && string(qraw) != "null" {
+			var qs map[string]map[string]json.RawMessage
+			if err := json.Unmarshal(qraw, &qs); err != nil {
+				return "", false
+			}
+			for _, q := range qs {
+				if in, ok := q["instructions"]; ok {
+					q["instructions"] = redactRaw(in, mode)
+				}
+			}
+			b, err := json.Marshal(qs)
+			if err != nil {
+				return "", false
+			}
+			req["questions"] = b
+		}
+		b, err := json.Marshal(req)
+		if err != nil {
+			return "", false
+		}
+		top["request"] = b
+	}
+	b, err := json.Marshal(top)
+	if err != nil {
+		return "", false
+	}
+	return string(b), true
+}

@@ -1,0 +1,369 @@
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/sink/chtest"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+// startNATS runs a real in-process nats-server with JetStream.
+func startNATS(tb testing.TB) *server.Server {
+	tb.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: tb.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		tb.Fatal("nats-server not ready")
+	}
+	tb.Cleanup(srv.Shutdown)
+	return srv
+}
+
+func connectJS(tb testing.TB, srv *server.Server) (*nats.Conn, jetstream.JetStream) {
+	tb.Helper()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return nc, js
+}
+
+// testEnv is one test's NATS server, migrated ClickHouse database and sink configuration.
+type testEnv struct {
+	srv  *server.Server
+	js   jetstream.JetStream
+	db   *chtest.DB
+	cfg  Config
+	topo topology.Config
+}
+
+func newEnv(tb testing.TB, mutate func(*Config)) *testEnv {
+	tb.Helper()
+	db := chtest.New(tb)
+	srv := startNATS(tb)
+	_, js := connectJS(tb, srv)
+	cfg := DefaultConfig()
+	cfg.DSN, cfg.Database = db.DSN, db.Name
+	cfg.BatchSize, cfg.BatchAge = 1000, 100*time.Millisecond
+	cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
+	cfg.StatsInterval = 50 * time.Millisecond
+	cfg.ShutdownTimeout = 5 * time.Second
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	conn, err := Open(ctx, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = conn.Close() })
+	if err := Migrate(ctx, conn, cfg); err != nil {
+		tb.Fatal(err)
+	}
+	topo := topology.Default()
+	if err := topology.EnsureRunsStream(ctx, js, topo); err != nil {
+		tb.Fatal(err)
+	}
+	return &testEnv{srv: srv, js: js, db: db, cfg: cfg, topo: topo}
+}
+
+// runningSink is a sink started in the background.
+type runningSink struct {
+	*Sink
+	cancel context.CancelFunc
+	done   chan struct{} // closed when Run returned, with its error in err
+	err    error
+}
+
+// stop cancels the sink and waits for Run to return.
+func (r *runningSink) stop(tb testing.TB) {
+	tb.Helper()
+	r.cancel()
+	select {
+	case <-r.done:
+		if r.err != nil {
+			tb.Fatalf("Run: %v", r.err)
+		}
+	case <-time.After(30 * time.Second):
+		tb.Fatal("sink did not stop within 30s of cancellation")
+	}
+}
+
+// startSink opens its own ClickHouse and NATS connections (cfg's DSN) and runs a sink.
+func (e *testEnv) startSink(tb testing.TB, cfg Config, hook func(s *Sink)) *runningSink {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	// The outage test starts a sink while ClickHouse is unreachable, so don't require a ping.
+	opts, err := ParseDSN(cfg.DSN)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	conn, err := openNoPing(opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	_, js := connectJS(tb, e.srv)
+	s, err := New(js, conn, e.topo, cfg, zerolog.New(zerolog.NewTestWriter(tb)).Level(zerolog.WarnLevel))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if hook != nil {
+		hook(s)
+	}
+	r := &runningSink{Sink: s, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		r.err = s.Run(ctx)
+		_ = conn.Close()
+	}()
+	tb.Cleanup(func() {
+		cancel()
+		<-r.done
+	})
+	return r
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(tb testing.TB, within time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval, not synchronisation
+	}
+}
+
+// consumerDrained reports whether the sink consumer has nothing pending or unacked.
+func (e *testEnv) consumerDrained(tb testing.TB) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cons, err := e.js.Consumer(ctx, e.topo.RunsStream, e.topo.SinkConsumer)
+	if err != nil {
+		return false
+	}
+	info, err := cons.Info(ctx)
+	return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+}
+
+func (e *testEnv) count(tb testing.TB, query string, args ...any) uint64 {
+	tb.Helper()
+	return e.db.Count(tb, fmt.Sprintf(query, "`"+e.db.Name+"`"), args...)
+}
+
+// publish sends records to sys1.runs.<status> and waits for every JetStream ack.
+func (e *testEnv) publish(tb testing.TB, recs []contract.RunRecord) {
+	tb.Helper()
+	bodies := make([][]byte, len(recs))
+	subjects := make([]string, len(recs))
+	for i := range recs {
+		b, err := json.Marshal(&recs[i])
+		if err != nil {
+			tb.Fatal(err)
+		}
+		bodies[i], subjects[i] = b, topology.RunsPrefix+string(recs[i].Status)
+	}
+	e.publishRaw(tb, subjects, bodies)
+}
+
+func (e *testEnv) publishRaw(tb testing.TB, subjects []string, bodies [][]byte) {
+	tb.Helper()
+	for i := range bodies {
+		if _, err := e.js.PublishAsync(subjects[i], bodies[i]); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	select {
+	case <-e.js.PublishAsyncComplete():
+	case <-time.After(60 * time.Second):
+		tb.Fatal("publishing run records did not complete")
+	}
+}
+
+// Fixture data: enough variety for every analyst query.
+var (
+	fxModels  = []string{"nimble", "brisk", "deep"}
+	fxCallers = []string{"billing", "search", "support", "fraud"}
+	fxCodes   = []contract.Code{contract.CodeModelUnavailable, contract.CodeTimeout, contract.CodeInvalidInput, contract.CodeProviderBusy}
+	fxBase    = time.Now().UTC().Add(-2 * time.Hour).Truncate(time.Minute)
+)
+
+// makeRecord is run i of a deterministic fixture: every 5th run fails, every 3rd needed a
+// retry, and successful runs answer a choice, a noul and a score question.
+func makeRecord(i int) contract.RunRecord {
+	conf := 0.5 + float64(i%50)/100
+	published := fxBase.Add(time.Duration(i) * 37 * time.Millisecond)
+	started := published.Add(time.Duration(i%20) * time.Millisecond)
+	latency := int64(20 + i%400)
+	finished := started.Add(time.Duration(latency) * time.Millisecond)
+	model := fxModels[i%len(fxModels)]
+	rec := contract.RunRecord{
+		SchemaVersion: contract.RecordSchemaVersion,
+		RunID:         fmt.Sprintf("run-%07d", i),
+		Caller:        fxCallers[i%len(fxCallers)],
+		CallerKind:    contract.CallerKindSubject,
+		Roles:         []string{"decider"},
+		Scopes:        []string{},
+		Subject:       "sys1.decide." + fxCallers[i%len(fxCallers)],
+		StreamSeq:     uint64(i + 1),
+		Deliveries:    1 + i%3/2,
+		PublishedAt:   published, StartedAt: started, FinishedAt: finished,
+		QueuedMS: int64(i % 20), LatencyMS: latency,
+		Provider: "ollama", Model: model, RequestedModel: model,
+		Worker: "w-1", Version: "test",
+		Request: &contract.Request{
+			Model: model,
+			State: json.RawMessage(fmt.Sprintf(`{"ticket":%d,"text":"secret customer text"}`, i)),
+			Questions: []contract.Question{
+				{Name: "label", Type: contract.TypeChoice, Instructions: json.RawMessage(`"Pick the best label"`),
+					Options: []contract.Option{{Key: "spam"}, {Key: "ham"}}},
+				{Name: "urgent", Type: contract.TypeNoul, Instructions: json.RawMessage(`"Is it urgent?"`)},
+				{Name: "severity", Type: contract.TypeScore, Instructions: json.RawMessage(`"How severe?"`), Levels: []string{"low", "mid", "high"}},
+			},
+			Images: []contract.Image{{SHA256: fmt.Sprintf("%064x", i%7), Bytes: 1000 + i%7}},
+		},
+		Images: []contract.ImageRef{{SHA256: fmt.Sprintf("%064x", i%7), Bytes: 1000 + i%7}},
+	}
+	attempts := 1 + i%3/2 // 1, 1, 2
+	if i%3 == 2 {
+		rec.Attempts = append(rec.Attempts, contract.Attempt{Provider: "ollama", Outcome: contract.OutcomeBusy, LatencyMS: 5, Delivery: 1, ErrorCode: contract.CodeProviderBusy, StartedAt: started})
+	}
+	rec.Attempts = append(rec.Attempts, contract.Attempt{Provider: "ollama", Outcome: contract.OutcomeOK, LatencyMS: latency, Delivery: attempts, StartedAt: started})
+	if i%5 == 4 {
+		code := fxCodes[i%len(fxCodes)]
+		rec.Status, rec.ErrorCode, rec.ErrorStatus = contract.StatusFailed, code, code.Status()
+		rec.ErrorMessage = "[" + string(code) + "] fixture failure"
+		rec.Attempts[len(rec.Attempts)-1].Outcome = contract.OutcomeUnavailable
+		rec.Attempts[len(rec.Attempts)-1].ErrorCode = code
+		return rec
+	}
+	rec.Status = contract.StatusSuccess
+	choice := []string{"spam", "ham"}[i%2]
+	rec.Result = &contract.Result{
+		Provider: "ollama", Model: model,
+		Usage: contract.Usage{InputTokens: int64(100 + i%50), OutputTokens: 3},
+		Answers: []contract.Answer{
+			{Name: "label", Type: contract.TypeChoice, Choice: choice, Confidence: &conf,
+				Raw:           json.RawMessage(fmt.Sprintf(`{"type":"choice","choice":%q,"probabilities":{"spam":%g,"ham":%g},"confidence":%g}`, choice, conf, 1-conf, conf)),
+				Probabilities: []contract.Probability{{Key: "spam", P: conf}, {Key: "ham", P: 1 - conf}}},
+			{Name: "urgent", Type: contract.TypeNoul, Noul: float64(i%10) / 10,
+				Raw: json.RawMessage(fmt.Sprintf(`{"type":"noul","noul":%g}`, float64(i%10)/10))},
+			{Name: "severity", Type: contract.TypeScore, Score: float64(i % 3), Confidence: &conf,
+				Raw: json.RawMessage(fmt.Sprintf(`{"type":"score","score":%d,"confidence":%g}`, i%3, conf))},
+		},
+	}
+	return rec
+}
+
+func makeRecords(from, n int) []contract.RunRecord {
+	out := make([]contract.RunRecord, n)
+	for i := range out {
+		out[i] = makeRecord(from + i)
+	}
+	return out
+}
+
+// proxy is a TCP proxy a test can cut: while down it refuses new connections (accepts and
+// closes them) and drops open ones, like a ClickHouse that went away.
+type proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	up     bool
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
+}
+
+func newProxy(tb testing.TB, target string) *proxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target, up: true, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.serve()
+	tb.Cleanup(func() {
+		_ = ln.Close()
+		p.setUp(false)
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *proxy) addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if !p.up {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+		p.wg.Add(2)
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			defer p.wg.Done()
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+			p.mu.Lock()
+			delete(p.conns, dst)
+			delete(p.conns, src)
+			p.mu.Unlock()
+		}
+		go pipe(up, c)
+		go pipe(c, up)
+	}
+}
+
+func (p *proxy) setUp(up bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.up = up
+	if !up {
+		for c := range p.conns {
+			_ = c.Close()
+		}
+	}
+}
+
+func testLogger(tb testing.TB) zerolog.Logger {
+	return zerolog.New(zerolog.NewTestWriter(tb)).Level(zerolog.WarnLevel)
+}
