@@ -200,6 +200,8 @@ func (r *run) callProvider(ctx context.Context, deadline time.Time) (*contract.R
 		}
 	}()
 
+	// Providers log through the context's logger, so their lines carry this run's run_id.
+	callCtx = r.log.WithContext(callCtx)
 	started := time.Now()
 	w.stats.providerStart()
 	resp, err := w.opt.Provider.Evaluate(callCtx, r.resolved)

@@ -102,7 +102,8 @@ type replica struct {
 	w      *worker.Worker
 	nc     *nats.Conn
 	cancel context.CancelFunc
-	done   chan error
+	done   chan struct{} // closed when Run returns
+	err    error         // Run's result, valid once done is closed
 }
 
 // stop cancels the replica (SIGTERM) and waits for Run to return.
@@ -110,8 +111,8 @@ func (r *replica) stop(t *testing.T) error {
 	t.Helper()
 	r.cancel()
 	select {
-	case err := <-r.done:
-		return err
+	case <-r.done:
+		return r.err
 	case <-time.After(60 * time.Second):
 		t.Fatal("worker did not stop within 60s")
 		return nil
@@ -187,8 +188,8 @@ func (h *harness) start(mods ...func(*replicaOpts)) *replica {
 		cancel()
 		h.t.Fatalf("worker.New: %v", err)
 	}
-	r := &replica{w: w, nc: nc, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- w.Run(ctx) }()
+	r := &replica{w: w, nc: nc, cancel: cancel, done: make(chan struct{})}
+	go func() { r.err = w.Run(ctx); close(r.done) }()
 	h.t.Cleanup(func() {
 		cancel()
 		select {

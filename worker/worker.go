@@ -149,6 +149,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		cancelRuns()
 		<-done
 	}
+	// Acks are fire-and-forget publishes: push them to the server before saying we stopped,
+	// so a process that exits right after Run does not leave finished runs to be replayed.
+	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.opt.NC.FlushWithContext(fctx); err != nil {
+		w.log.Warn().Err(err).Msg("could not flush acks on shutdown; those runs will be answered again from their stored outcome")
+	}
 	w.log.Info().Msg("worker stopped")
 	return nil
 }

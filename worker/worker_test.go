@@ -122,8 +122,23 @@ func TestDecisionEndToEndAllTypes(t *testing.T) {
 	if len(rec.Attempts) != 1 || rec.SchemaVersion != contract.RecordSchemaVersion {
 		t.Errorf("record attempts %+v schema %d", rec.Attempts, rec.SchemaVersion)
 	}
-	if h.pending() != 0 {
-		t.Errorf("request not removed from the work queue")
+	waitFor(t, "request removed from the work queue", 5*time.Second, func() bool { return h.pending() == 0 })
+	// Every log line about the run carries its run_id, the provider's own lines included.
+	var providerLines int
+	for _, line := range strings.Split(strings.TrimSpace(h.logs.String()), "\n") {
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Fatalf("log line is not JSON: %q", line)
+		}
+		if entry["message"] == "ollama call" {
+			providerLines++
+			if entry["run_id"] != "ticket-1" {
+				t.Errorf("provider log line without the run id: %s", line)
+			}
+		}
+	}
+	if providerLines != 1 {
+		t.Errorf("want 1 provider log line, got %d", providerLines)
 	}
 }
 
@@ -420,7 +435,7 @@ func TestPanicBecomesInternalError(t *testing.T) {
 }
 
 func TestConcurrencyIsBoundedAndUsed(t *testing.T) {
-	h := newHarness(t, ollamatest.WithLatency(25*time.Millisecond), ollamatest.WithRecordLimit(0))
+	h := newHarness(t, ollamatest.WithLatency(50*time.Millisecond), ollamatest.WithRecordLimit(0))
 	const n = 500
 	ctx := context.Background()
 	// Queue everything first, then start the replica, so the queue is never the bottleneck.
@@ -432,40 +447,41 @@ func TestConcurrencyIsBoundedAndUsed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var samples, atFour atomic.Int64
-	stop := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(2 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				if h.pending() > 8 { // steady state only: skip the drain at the end
-					samples.Add(1)
-					if h.fake.InFlight() == 4 {
-						atFour.Add(1)
-					}
+	r := h.start(func(o *replicaOpts) { o.cfg.Concurrency = 4; o.cfg.FetchBatch = 4 })
+	// Sample the fake's in-flight count through the steady state (not the ramp-up or the
+	// drain of the last few runs): with a queue this deep, 4 calls should be running nearly
+	// always. The bound is generous because the race detector and a shared 2-core machine
+	// slow the worker's own steps between calls.
+	var samples, atFour int
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(90 * time.Second)
+	for done := false; !done; {
+		select {
+		case <-tick.C:
+			s := r.w.Stats().Succeeded
+			if s >= n {
+				done = true
+			} else if s >= 8 && s < n-8 {
+				samples++
+				if h.fake.InFlight() == 4 {
+					atFour++
 				}
 			}
+		case <-deadline:
+			t.Fatalf("only %d of %d runs finished", r.w.Stats().Succeeded, n)
 		}
-	}()
-	r := h.start(func(o *replicaOpts) { o.cfg.Concurrency = 4; o.cfg.FetchBatch = 4 })
-	waitFor(t, "all runs", 60*time.Second, func() bool { return r.w.Stats().Succeeded == n })
-	close(stop)
-	<-sampled
+	}
 	if got := h.fake.MaxConcurrent(); got != 4 {
 		t.Errorf("max concurrent provider calls = %d, want exactly 4", got)
 	}
 	if s := r.w.Stats(); s.ProviderPeak != 4 || s.ProviderCalls != n {
 		t.Errorf("worker stats %+v", s)
 	}
-	if ratio := float64(atFour.Load()) / float64(max(samples.Load(), 1)); ratio < 0.6 {
-		t.Errorf("the fake saw 4 concurrent calls in only %.0f%% of %d samples", ratio*100, samples.Load())
+	if ratio := float64(atFour) / float64(max(samples, 1)); ratio < 0.5 {
+		t.Errorf("the fake saw 4 concurrent calls in only %.0f%% of %d samples", ratio*100, samples)
 	}
+	t.Logf("4 calls in flight in %d of %d samples", atFour, samples)
 }
 
 func TestGracefulShutdownFinishesInFlightRuns(t *testing.T) {
@@ -498,9 +514,8 @@ func TestGracefulShutdownFinishesInFlightRuns(t *testing.T) {
 			t.Errorf("run %d: %s", i, rep.Raw)
 		}
 	}
-	if h.pending() != 0 {
-		t.Errorf("%d requests left unacknowledged after a graceful shutdown", h.pending())
-	}
+	// The acks went out before Run returned; the stream applies them asynchronously.
+	waitFor(t, "every finished run acknowledged", 5*time.Second, func() bool { return h.pending() == 0 })
 }
 
 func TestShutdownPastGraceNaksAndAnotherReplicaFinishes(t *testing.T) {

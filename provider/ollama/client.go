@@ -190,7 +190,7 @@ func (c *Client) Evaluate(ctx context.Context, req *contract.Request) (*contract
 	if err != nil {
 		err = c.classify(ctx, callCtx, err)
 	}
-	c.logCall(resp, len(body), len(answer), time.Since(start), err)
+	c.logCall(ctx, resp, len(body), len(answer), time.Since(start), err)
 	if err != nil {
 		return nil, err
 	}
@@ -302,8 +302,13 @@ func (c *Client) transportError(err error) *contract.Error {
 }
 
 // logCall writes one debug line per call: sizes, status, latency and the code. No content.
-func (c *Client) logCall(resp *http.Response, sent, received int, took time.Duration, err error) {
-	ev := c.log.Debug()
+// A logger on ctx (the worker puts the run's there) wins, so the line carries the run_id.
+func (c *Client) logCall(ctx context.Context, resp *http.Response, sent, received int, took time.Duration, err error) {
+	log := &c.log
+	if l := zerolog.Ctx(ctx); l != zerolog.DefaultContextLogger && l.GetLevel() != zerolog.Disabled {
+		log = l
+	}
+	ev := log.Debug()
 	if !ev.Enabled() {
 		return
 	}
