@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/sink"
+	"github.com/sys1hq/sys1/worker/natsconn"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+func init() {
+	register(command{name: "sink", summary: "drain SYS1_RUNS into ClickHouse (SYS1_CLICKHOUSE_DSN)", run: runSink})
+}
+
+// runSink runs a standalone sink: it scales separately from the workers (several sinks share
+// the durable consumer). It waits for NATS and ClickHouse to become reachable, applies the
+// migrations (idempotent), and drains until SIGINT/SIGTERM.
+func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
+	if len(args) > 0 {
+		fmt.Fprintln(stderr, "usage: sys1 sink   (configuration is by environment: SYS1_CLICKHOUSE_DSN, SYS1_NATS_URL, SYS1_SINK_*; see deploy/clickhouse/README.md)")
+		if args[0] == "-h" || args[0] == "--help" {
+			return exitOK
+		}
+		return exitUsage
+	}
+	var (
+		logCfg  LogConfig
+		natsCfg = natsconn.DefaultConfig()
+		topo    topology.Config
+		cfg     = sink.DefaultConfig()
+	)
+	if err := loadConfig(&logCfg, &natsCfg, &topo, &cfg); err != nil {
+		fmt.Fprintln(stderr, "sys1 sink:", err)
+		return exitUsage
+	}
+	if cfg.DSN == "" {
+		fmt.Fprintln(stderr, "sys1 sink: SYS1_CLICKHOUSE_DSN is not set (e.g. clickhouse://localhost:9000 or http://localhost:8123)")
+		return exitUsage
+	}
+	// The sink is a client of the workers' NATS; it never starts an embedded server.
+	if natsCfg.URL == "" {
+		natsCfg.URL = defaultClientURL
+	}
+	log := newLogger(stderr, logCfg, "sink")
+	host, _ := os.Hostname()
+
+	nc, err := natsconn.Connect(ctx, natsCfg, "sys1-sink "+host, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		log.Error().Err(err).Str("nats_url", natsconn.RedactURLs(natsCfg.URL)).Msg("cannot connect to NATS")
+		return exitUsage
+	}
+	defer nc.Close()
+
+	conn, err := openClickHouse(ctx, cfg, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		log.Error().Err(err).Msg("cannot use ClickHouse")
+		return exitFailed
+	}
+	defer conn.Close()
+
+	s, err := sink.New(nc.JS, conn, topo, cfg, log)
+	if err != nil {
+		log.Error().Err(err).Msg("cannot start the sink")
+		return exitUsage
+	}
+	if err := s.Run(ctx); err != nil {
+		log.Error().Err(err).Msg("sink failed")
+		return exitFailed
+	}
+	return exitOK
+}
+
+// openClickHouse connects and migrates, retrying with backoff while ClickHouse is unreachable
+// (a sink started before its database should wait, not crash-loop). A schema newer than this
+// binary, or any other migration error, is returned at once.
+func openClickHouse(ctx context.Context, cfg sink.Config, log zerolog.Logger) (driver.Conn, error) {
+	wait := cfg.RetryMin
+	for {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		conn, err := sink.Open(octx, cfg)
+		cancel()
+		if err == nil {
+			if err := sink.Migrate(ctx, conn, cfg); err != nil {
+				_ = conn.Close()
+				return nil, fmt.Errorf("migrate %s: %w", cfg.Database, err)
+			}
+			log.Info().Str("clickhouse", sink.RedactDSN(cfg.DSN)).Str("database", cfg.Database).Msg("ClickHouse ready")
+			return conn, nil
+		}
+		log.Warn().Err(err).Dur("retry_in", wait).Msg("ClickHouse not reachable yet; the records wait in SYS1_RUNS")
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, cfg.RetryMax)
+	}
+}

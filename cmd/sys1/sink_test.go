@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/sink/chtest"
+)
+
+// syncBuf is a goroutine-safe writer for a command's output.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestMigrateCommand(t *testing.T) {
+	db := chtest.New(t)
+	t.Setenv("SYS1_CLICKHOUSE_DSN", db.DSN)
+	t.Setenv("SYS1_CLICKHOUSE_DATABASE", db.Name)
+	ctx := context.Background()
+
+	var out, errOut bytes.Buffer
+	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK {
+		t.Fatalf("sys1 migrate = %d, stderr: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "schema version 0 -> 1 (applied 0001_init)") {
+		t.Errorf("first migrate said: %q", out.String())
+	}
+	out.Reset()
+	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK || !strings.Contains(out.String(), "up to date (version 1)") {
+		t.Errorf("second migrate = %d: %q", code, out.String())
+	}
+	out.Reset()
+	t.Setenv("SYS1_RETENTION_DAYS", "30")
+	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK || !strings.Contains(out.String(), "retention set to 30 days on runs") {
+		t.Errorf("retention change = %d: %q", code, out.String())
+	}
+	out.Reset()
+	if code := run(ctx, []string{"migrate", "-status"}, &out, &errOut); code != exitOK || !strings.Contains(out.String(), "0001_init") {
+		t.Errorf("migrate -status = %d: %q", code, out.String())
+	}
+}
+
+func TestMigrateCommandConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want []string
+	}{
+		{"no DSN", map[string]string{"SYS1_CLICKHOUSE_DSN": ""}, []string{"SYS1_CLICKHOUSE_DSN is not set"}},
+		{"every bad variable named", map[string]string{
+			"SYS1_CLICKHOUSE_DSN": "ftp://x", "SYS1_CLICKHOUSE_DATABASE": "no-dashes",
+			"SYS1_RECORD_STATE": "some", "SYS1_RETENTION_DAYS": "0",
+		}, []string{"SYS1_CLICKHOUSE_DSN", "SYS1_CLICKHOUSE_DATABASE", "SYS1_RECORD_STATE", "SYS1_RETENTION_DAYS"}},
+		{"unreachable", map[string]string{"SYS1_CLICKHOUSE_DSN": "http://user:hunter2@127.0.0.1:1"}, []string{"does not answer", "xxxxx"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			var out, errOut bytes.Buffer
+			if code := run(context.Background(), []string{"migrate"}, &out, &errOut); code != exitUsage {
+				t.Fatalf("exit = %d, want %d; stderr: %s", code, exitUsage, errOut.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errOut.String(), w) {
+					t.Errorf("stderr lacks %q: %s", w, errOut.String())
+				}
+			}
+			if strings.Contains(errOut.String(), "hunter2") {
+				t.Errorf("stderr leaks the password: %s", errOut.String())
+			}
+		})
+	}
+}
+
+// sys1 sink drains records published to SYS1_RUNS and exits 0 on cancellation.
+func TestSinkCommand(t *testing.T) {
+	db := chtest.New(t)
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(srv.Shutdown)
+	t.Setenv("SYS1_NATS_URL", srv.ClientURL())
+	t.Setenv("SYS1_CLICKHOUSE_DSN", db.DSN)
+	t.Setenv("SYS1_CLICKHOUSE_DATABASE", db.Name)
+	t.Setenv("SYS1_SINK_BATCH_AGE", "100ms")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuf
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"sink"}, &bytes.Buffer{}, &stderr) }()
+
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sink creates SYS1_RUNS; publish once it exists.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := js.Stream(ctx, "SYS1_RUNS"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sink did not create SYS1_RUNS; stderr:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+	const n = 20
+	for i := range n {
+		rec := contract.RunRecord{SchemaVersion: 1, RunID: fmt.Sprintf("cmd-%d", i), Caller: "cli", Status: contract.StatusSuccess,
+			Model: "nimble", FinishedAt: time.Now().UTC()}
+		b, _ := json.Marshal(&rec)
+		if _, err := js.Publish(ctx, "sys1.runs.success", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline = time.Now().Add(time.Minute)
+	for db.Count(t, "SELECT count() FROM `"+db.Name+"`.runs FINAL") != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("rows did not arrive; stderr:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Fatalf("sys1 sink exited %d; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("sys1 sink did not stop on cancellation")
+	}
+	if !strings.Contains(stderr.String(), `"sink started"`) || !strings.Contains(stderr.String(), `"sink stopped"`) {
+		t.Errorf("sink logs lack start/stop lines:\n%s", stderr.String())
+	}
+}
+
+func TestSinkCommandNeedsDSN(t *testing.T) {
+	t.Setenv("SYS1_CLICKHOUSE_DSN", "")
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"sink"}, &out, &errOut); code != exitUsage || !strings.Contains(errOut.String(), "SYS1_CLICKHOUSE_DSN") {
+		t.Fatalf("exit %d, stderr %q", code, errOut.String())
+	}
+}
