@@ -720,3 +720,18 @@ func TestClientReportsDeduplicatedPublish(t *testing.T) {
 		t.Fatalf("want ErrDuplicate, got %v", err)
 	}
 }
+
+func TestSlowProviderCallIsHeartbeatedNotRedelivered(t *testing.T) {
+	h := newHarness(t, ollamatest.WithLatency(2500*time.Millisecond))
+	h.topo.AckWait = time.Second
+	h.start()
+	rep := h.decide("svc-a", []byte(ticket), func(r *client.Request) { r.RunID = "slow-1" })
+	if rep.Status != contract.StatusSuccess {
+		t.Fatalf("reply %s", rep.Raw)
+	}
+	// Without InProgress the message would have been redelivered (AckWait 1s < 2.5s) and
+	// scored again, or the reply would show a second delivery.
+	if h.fake.Calls() != 1 || len(rep.Attempts) != 1 || rep.Attempts[0].Delivery != 1 {
+		t.Errorf("calls %d attempts %+v", h.fake.Calls(), rep.Attempts)
+	}
+}

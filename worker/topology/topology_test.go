@@ -1,0 +1,147 @@
+package topology_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+func jetStream(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func TestEnsureIsIdempotentAndMatchesSpec(t *testing.T) {
+	js := jetStream(t)
+	ctx := context.Background()
+	cfg := topology.Default()
+	for range 2 {
+		if _, err := topology.Ensure(ctx, js, cfg); err != nil {
+			t.Fatalf("Ensure: %v", err)
+		}
+		if _, err := topology.EnsureWorkerConsumer(ctx, js, cfg); err != nil {
+			t.Fatalf("EnsureWorkerConsumer: %v", err)
+		}
+	}
+	want := map[string]struct {
+		subject   string
+		retention jetstream.RetentionPolicy
+		maxAge    time.Duration
+	}{
+		"SYS1_REQUESTS": {"sys1.decide.>", jetstream.WorkQueuePolicy, 24 * time.Hour},
+		"SYS1_RUNS":     {"sys1.runs.>", jetstream.LimitsPolicy, 7 * 24 * time.Hour},
+		"SYS1_REPLIES":  {"sys1.replies.>", jetstream.LimitsPolicy, 24 * time.Hour},
+	}
+	for name, w := range want {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		c := s.CachedInfo().Config
+		if len(c.Subjects) != 1 || c.Subjects[0] != w.subject || c.Retention != w.retention || c.MaxAge != w.maxAge || c.Storage != jetstream.FileStorage {
+			t.Errorf("%s: %+v", name, c)
+		}
+	}
+	req, _ := js.Stream(ctx, "SYS1_REQUESTS")
+	if d := req.CachedInfo().Config.Duplicates; d != 2*time.Minute {
+		t.Errorf("dedupe window %s", d)
+	}
+	cons, err := js.Consumer(ctx, "SYS1_REQUESTS", "sys1-worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := cons.CachedInfo().Config
+	if cc.AckPolicy != jetstream.AckExplicitPolicy || cc.Durable != "sys1-worker" || cc.MaxAckPending != 1024 || cc.MaxDeliver != -1 {
+		t.Errorf("consumer %+v", cc)
+	}
+	if _, err := js.KeyValue(ctx, "sys1-runs"); err != nil {
+		t.Errorf("run-id bucket: %v", err)
+	}
+}
+
+func TestEnsureUpdatesWhatItCan(t *testing.T) {
+	js := jetStream(t)
+	ctx := context.Background()
+	cfg := topology.Default()
+	if _, err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.RequestsMaxAge = 48 * time.Hour
+	cfg.MaxAckPending = 4096
+	if _, err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	if _, err := topology.EnsureWorkerConsumer(ctx, js, cfg); err != nil {
+		t.Fatalf("consumer update: %v", err)
+	}
+	s, _ := js.Stream(ctx, "SYS1_REQUESTS")
+	if got := s.CachedInfo().Config.MaxAge; got != 48*time.Hour {
+		t.Errorf("max age not updated: %s", got)
+	}
+	c, _ := js.Consumer(ctx, "SYS1_REQUESTS", "sys1-worker")
+	if got := c.CachedInfo().Config.MaxAckPending; got != 4096 {
+		t.Errorf("max ack pending not updated: %d", got)
+	}
+}
+
+func TestEnsureRefusesWhatItCannotReconcile(t *testing.T) {
+	js := jetStream(t)
+	ctx := context.Background()
+	// Someone created SYS1_REQUESTS as a limits stream: JetStream cannot turn it into a work
+	// queue in place, and silently consuming a limits stream would never delete requests.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SYS1_REQUESTS", Subjects: []string{"sys1.decide.>"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := topology.Ensure(ctx, js, topology.Default())
+	if err == nil || !strings.Contains(err.Error(), "SYS1_REQUESTS") || !strings.Contains(err.Error(), "retention") {
+		t.Fatalf("want a retention mismatch naming the stream, got %v", err)
+	}
+}
+
+func TestConfigValidateNamesEveryBadVariable(t *testing.T) {
+	cfg := topology.Default()
+	cfg.RequestsStream = "bad name"
+	cfg.Replicas = 9
+	cfg.AckWait = 0
+	cfg.RunIDTTL = time.Hour
+	cfg.MaxAckPending = 0
+	errs := cfg.Validate()
+	joined := ""
+	for _, e := range errs {
+		joined += e.Error() + "\n"
+	}
+	for _, v := range []string{"SYS1_REQUESTS_STREAM", "SYS1_STREAM_REPLICAS", "SYS1_ACK_WAIT", "SYS1_RUN_ID_TTL", "SYS1_MAX_ACK_PENDING"} {
+		if !strings.Contains(joined, v) {
+			t.Errorf("no error names %s:\n%s", v, joined)
+		}
+	}
+	def := topology.Default()
+	if errs := def.Validate(); len(errs) != 0 {
+		t.Errorf("defaults invalid: %v", errs)
+	}
+}
