@@ -1,0 +1,69 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sys1hq/sys1/sink/migrate"
+)
+
+// Every query of the analyst kit runs against a populated database and returns rows.
+func TestAnalystQueries(t *testing.T) {
+	script, err := os.ReadFile("../deploy/clickhouse/queries.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stmts := migrate.Statements(string(script))
+	if len(stmts) < 10 {
+		t.Fatalf("queries.sql holds %d queries, want at least 10", len(stmts))
+	}
+
+	e := newEnv(t, nil)
+	const n = 2000
+	e.publish(t, makeRecords(0, n))
+	e.publishRaw(t, []string{"sys1.runs.failed"}, [][]byte{[]byte("{not a record")})
+	s := e.startSink(t, e.cfg, nil)
+	waitFor(t, time.Minute, "the fixture to be stored", func() bool {
+		st := s.Stats()
+		return st.Inserted == n && st.DeadLettered == 1 && e.consumerDrained(t)
+	})
+	s.stop(t)
+
+	qualifier := regexp.MustCompile(`\bsys1\.`)
+	queryTitle := regexp.MustCompile(`(?m)^-- (\d+\. [^:(,]*)`)
+	for i, stmt := range stmts {
+		// The comment before a query says what it answers; the first line names it in failures.
+		if !strings.HasPrefix(stmt, "--") {
+			t.Errorf("query %d has no comment explaining it:\n%s", i+1, stmt)
+		}
+		q := qualifier.ReplaceAllString(stmt, "`"+e.db.Name+"`.")
+		name := fmt.Sprintf("query_%d", i+1)
+		if m := queryTitle.FindStringSubmatch(stmt); m != nil {
+			name = m[1]
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			rows, err := e.db.Conn.Query(ctx, q)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, q)
+			}
+			defer rows.Close()
+			got := 0
+			for rows.Next() {
+				got++
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if got == 0 {
+				t.Errorf("no rows from a populated database:\n%s", q)
+			}
+		})
+	}
+}
