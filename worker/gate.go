@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -60,7 +61,7 @@ func gateKey(runID string) string { return "r" + hex.EncodeToString([]byte(runID
 func (g gate) claim(ctx context.Context, runID, caller string, seq uint64, now time.Time) (claimResult, *runState, uint64, error) {
 	key := gateKey(runID)
 	fresh := runState{Caller: caller, Status: runRunning, StreamSeq: seq, StartedAt: now}
-	val, err := json.Marshal(fresh)
+	val, err := fresh.encode()
 	if err != nil {
 		return 0, nil, 0, fmt.Errorf("encode run state: %w", err)
 	}
@@ -99,7 +100,7 @@ func (g gate) claim(ctx context.Context, runID, caller string, seq uint64, now t
 
 // save writes st over revision rev and returns the new revision.
 func (g gate) save(ctx context.Context, runID string, st *runState, rev uint64) (uint64, error) {
-	val, err := json.Marshal(st)
+	val, err := st.encode()
 	if err != nil {
 		return 0, fmt.Errorf("encode run state: %w", err)
 	}
@@ -108,4 +109,56 @@ func (g gate) save(ctx context.Context, runID string, st *runState, rev uint64) 
 		return 0, fmt.Errorf("run-id gate: update: %w", err)
 	}
 	return newRev, nil
+}
+
+// encode is json.Marshal(st) without its cost on the hot path: the stored reply and record
+// (most of the entry's bytes) are spliced in as they are instead of being re-scanned and
+// re-compacted as json.RawMessage, and the small fields skip reflection. The JSON decodes to
+// the same runState (json.Unmarshal reads it back).
+func (st *runState) encode() ([]byte, error) {
+	b := make([]byte, 0, 192+160*len(st.Attempts)+len(st.Reply)+len(st.Record))
+	b = append(b, `{"caller":`...)
+	b = appendJSONString(b, st.Caller)
+	b = append(b, `,"status":`...)
+	b = appendJSONString(b, st.Status)
+	b = append(b, `,"stream_seq":`...)
+	b = strconv.AppendUint(b, st.StreamSeq, 10)
+	b = append(b, `,"started_at":`...)
+	ts, err := st.StartedAt.MarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	b = append(b, ts...)
+	if len(st.Attempts) > 0 {
+		as, err := json.Marshal(st.Attempts)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, `,"attempts":`...)
+		b = append(b, as...)
+	}
+	if st.ReplyTo != "" {
+		b = append(b, `,"reply_to":`...)
+		b = appendJSONString(b, st.ReplyTo)
+	}
+	// Reply and Record are JSON this worker encoded (or read back from an entry it wrote).
+	if len(st.Reply) > 0 {
+		b = append(b, `,"reply":`...)
+		b = append(b, st.Reply...)
+	}
+	if len(st.Record) > 0 {
+		b = append(b, `,"record":`...)
+		b = append(b, st.Record...)
+	}
+	if st.Subject != "" {
+		b = append(b, `,"record_subject":`...)
+		b = appendJSONString(b, st.Subject)
+	}
+	return append(b, '}'), nil
+}
+
+// appendJSONString appends s as encoding/json spells a string.
+func appendJSONString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always encodes
+	return append(b, q...)
 }
