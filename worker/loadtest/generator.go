@@ -86,6 +86,12 @@ type Report struct {
 	QueueWait Summary `json:"queue_wait"`
 	// ProviderTime is every attempt's latency_ms.
 	ProviderTime Summary `json:"provider_time"`
+	// CPUMS is the CPU time this process used from the start of the clock to the end (user +
+	// system, every thread), and CPUPerDecisionMS that over the answered runs. With --self the
+	// process is the whole deployment (NATS, workers, fake, generator), so this is the cost of
+	// a decision, far steadier than throughput on a shared machine.
+	CPUMS            float64 `json:"cpu_ms,omitempty"`
+	CPUPerDecisionMS float64 `json:"cpu_per_decision_ms,omitempty"`
 	// Peak is the most concurrent provider calls, when known (see Peak).
 	Peak *Peak `json:"provider_peak,omitempty"`
 	// Memory is the process memory while replies were collected (--self only).
@@ -126,6 +132,7 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*Report, error) {
 	stopProgress := g.progress(ctx)
 	defer stopProgress()
 
+	cpuAtStart, _ := processCPU()
 	g.start = time.Now()
 	pubErr := g.publishAll(ctx)
 	published := time.Now()
@@ -144,11 +151,21 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*Report, error) {
 	if o.Sampler != nil {
 		o.Sampler.Start()
 	}
+	cpu0, cpuOK := processCPU()
+	if o.BeforeDrain == nil {
+		// Without a preload the clock started before publishing; so does the CPU count.
+		cpu0 = cpuAtStart
+	}
 	g.await(ctx)
+	cpu1, _ := processCPU()
 	if o.Sampler != nil {
 		o.Sampler.Stop()
 	}
 	rep := g.report(published)
+	if cpuOK && rep.Latency.Count > 0 {
+		rep.CPUMS = ms(cpu1 - cpu0)
+		rep.CPUPerDecisionMS = rep.CPUMS / float64(rep.Latency.Count)
+	}
 	if o.Sampler != nil {
 		rep.Memory = o.Sampler.Report()
 	}

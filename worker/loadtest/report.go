@@ -23,6 +23,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, "duplicate replies %d (replies are at least once)\n", r.DuplicateReplies)
 	}
 	fmt.Fprintf(&b, "throughput    %.1f decisions/s over %.3fs\n", r.Throughput, r.ElapsedMS/1000)
+	if r.CPUPerDecisionMS > 0 {
+		fmt.Fprintf(&b, "process CPU   %.3f ms per decision (%.2fs in all)\n", r.CPUPerDecisionMS, r.CPUMS/1000)
+	}
 	fmt.Fprintf(&b, "publish rate  %.1f requests/s over %.3fs\n", r.PublishRate, r.PublishMS/1000)
 	line := func(name string, s Summary) {
 		if s.Count == 0 {
