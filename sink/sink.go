@@ -3,8 +3,9 @@
 // The delivery guarantee is at least once into ClickHouse, exactly once under FINAL:
 //
 //   - A durable pull consumer fetches a batch: up to BatchSize records or what arrives within
-//     BatchAge, whichever comes first (one pull request per batch, so nothing is prefetched that
-//     could time out while an insert is retried).
+//     BatchAge, whichever comes first. One stage fetches and decodes while the other inserts,
+//     so at most three batches are held (being inserted, queued, being fetched); each is kept
+//     alive with InProgress from the moment it is fetched.
 //   - The batch is inserted with one PrepareBatch/Send per table. Its insert_deduplication_token
 //     is derived from the batch's stream sequences, so an insert retried after an ambiguous
 //     failure (timeout, connection cut after the server committed) is dropped by ClickHouse.
@@ -124,8 +125,8 @@ func (s *Sink) Stats() Stats {
 }
 
 // Run ensures SYS1_RUNS and the sink consumer exist, then drains the stream until ctx is
-// cancelled. On cancellation the batch in hand is inserted and acked if that succeeds within
-// ShutdownTimeout, otherwise nak'ed for prompt redelivery; then Run returns nil. It returns an
+// cancelled. On cancellation the batches in hand are inserted and acked if that succeeds
+// within ShutdownTimeout, otherwise nak'ed for prompt redelivery; then Run returns nil. It returns an
 // error only when the stream or consumer cannot be set up.
 func (s *Sink) Run(ctx context.Context) error {
 	if err := topology.EnsureRunsStream(ctx, s.js, s.topo); err != nil {
@@ -140,29 +141,51 @@ func (s *Sink) Run(ctx context.Context) error {
 		Int("batch_size", s.cfg.BatchSize).Dur("batch_age", s.cfg.BatchAge).Msg("sink started")
 
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() { defer wg.Done(); s.watchLag(ctx, cons) }()
-	defer wg.Wait()
+	// Two stages, so decoding the next batch overlaps inserting this one: the fetcher pulls and
+	// prepares batches, the flusher (this goroutine) inserts and acks them. The channel holds
+	// one batch; every batch the fetcher took is flushed or nak'ed, even on shutdown.
+	work := make(chan *pending, 1)
+	go func() { defer wg.Done(); defer close(work); s.fetchLoop(ctx, cons, work) }()
+	for p := range work {
+		s.flush(ctx, p)
+	}
+	wg.Wait()
+	s.logStats("sink stopped")
+	return nil
+}
 
-	fetchBackoff := s.cfg.RetryMin
+// pending is a fetched batch on its way to ClickHouse, kept alive with InProgress until it
+// is acked or nak'ed.
+type pending struct {
+	msgs          []jetstream.Msg
+	prepared      prepared
+	stopKeepAlive func()
+}
+
+// fetchLoop pulls and prepares batches until ctx is cancelled.
+func (s *Sink) fetchLoop(ctx context.Context, cons jetstream.Consumer, work chan<- *pending) {
+	backoff := s.cfg.RetryMin
 	for ctx.Err() == nil {
 		msgs, err := s.fetch(ctx, cons)
 		if len(msgs) > 0 {
-			s.flush(ctx, msgs)
+			// Kept alive from now on: the batch may wait behind a flush that is retrying.
+			p := &pending{msgs: msgs, stopKeepAlive: s.keepAlive(msgs)}
+			p.prepared = s.prepare(msgs)
+			work <- p // never dropped: the flusher drains the channel until it is closed
 		}
 		if err != nil && ctx.Err() == nil {
 			// NATS trouble: the messages are safe in the stream; wait and pull again.
-			s.log.Warn().Err(err).Dur("retry_in", fetchBackoff).Msg("sink: fetch from SYS1_RUNS failed")
-			if !sleep(ctx, fetchBackoff) {
-				break
+			s.log.Warn().Err(err).Dur("retry_in", backoff).Msg("sink: fetch from SYS1_RUNS failed")
+			if !sleep(ctx, backoff) {
+				return
 			}
-			fetchBackoff = min(fetchBackoff*2, s.cfg.RetryMax)
+			backoff = min(backoff*2, s.cfg.RetryMax)
 			continue
 		}
-		fetchBackoff = s.cfg.RetryMin
+		backoff = s.cfg.RetryMin
 	}
-	s.logStats("sink stopped")
-	return nil
 }
 
 // fetch pulls one batch: up to BatchSize messages, waiting at most BatchAge. Bounding the pull
@@ -236,7 +259,9 @@ func dedupToken(stream, table string, seqs []uint64) string {
 
 // flush inserts a batch, retrying until it succeeds or ctx is cancelled, then acks it (or naks
 // it when it could not be inserted before shutdown).
-func (s *Sink) flush(ctx context.Context, msgs []jetstream.Msg) {
+func (s *Sink) flush(ctx context.Context, work *pending) {
+	defer work.stopKeepAlive()
+	msgs, p := work.msgs, &work.prepared
 	// In-flight work may finish for ShutdownTimeout after ctx is cancelled.
 	grace, cancelGrace := context.WithCancel(context.WithoutCancel(ctx))
 	stopAfter := context.AfterFunc(ctx, func() {
@@ -246,14 +271,10 @@ func (s *Sink) flush(ctx context.Context, msgs []jetstream.Msg) {
 	})
 	defer func() { stopAfter(); cancelGrace() }()
 
-	stopHeartbeat := s.keepAlive(msgs)
-	defer stopHeartbeat()
-
-	p := s.prepare(msgs)
 	deadDone := len(p.dead) == 0
 	backoff := s.cfg.RetryMin
 	for attempt := 1; ; attempt++ {
-		err := s.insertOnce(grace, &p, &deadDone)
+		err := s.insertOnce(grace, p, &deadDone)
 		if err == nil {
 			break
 		}
