@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -22,21 +23,29 @@ type validator interface {
 // names every bad variable, so an operator fixes a deployment in one pass.
 func loadConfig(targets ...any) error {
 	var problems []string
+	reported := map[string]bool{} // variables with a parse error: their Validate findings are noise
 	for _, t := range targets {
+		keys := envKeys(reflect.TypeOf(t))
 		if err := env.Parse(t); err != nil {
 			var agg env.AggregateError
-			if errors.As(err, &agg) {
-				for _, e := range agg.Errors {
-					problems = append(problems, e.Error())
-				}
-			} else {
+			if !errors.As(err, &agg) {
 				problems = append(problems, err.Error())
+				continue
 			}
-			continue
+			for _, e := range agg.Errors {
+				problems = append(problems, describeEnvError(e, keys))
+				var pe env.ParseError
+				if errors.As(e, &pe) && keys[pe.Name] != "" {
+					reported[keys[pe.Name]] = true
+				}
+			}
 		}
 		if v, ok := t.(validator); ok {
 			for _, e := range v.Validate() {
-				problems = append(problems, e.Error())
+				name, _, _ := strings.Cut(e.Error(), ":")
+				if !reported[name] {
+					problems = append(problems, e.Error())
+				}
 			}
 		}
 	}
@@ -44,6 +53,58 @@ func loadConfig(targets ...any) error {
 		return fmt.Errorf("invalid configuration:\n  - %s", strings.Join(problems, "\n  - "))
 	}
 	return nil
+}
+
+// describeEnvError rewrites the env library's "parse error on field X" into the variable's
+// name and value, which is what an operator can act on.
+func describeEnvError(err error, keys map[string]string) string {
+	var pe env.ParseError
+	if errors.As(err, &pe) {
+		if key := keys[pe.Name]; key != "" {
+			return fmt.Sprintf("%s: %q is not a valid %s", key, os.Getenv(key), typeWord(pe.Type))
+		}
+	}
+	return err.Error()
+}
+
+func typeWord(t reflect.Type) string {
+	if t == reflect.TypeOf(time.Duration(0)) {
+		return "duration (e.g. 30s, 5m)"
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "whole number"
+	case reflect.Bool:
+		return "boolean (true or false)"
+	case reflect.Float32, reflect.Float64:
+		return "number"
+	}
+	return t.String()
+}
+
+// envKeys maps struct field names to their env variable, through nested structs.
+func envKeys(t reflect.Type) map[string]string {
+	keys := map[string]string{}
+	var walk func(reflect.Type)
+	walk = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return
+		}
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if key, _, _ := strings.Cut(f.Tag.Get("env"), ","); key != "" {
+				keys[f.Name] = key
+			} else if f.Type.Kind() == reflect.Struct {
+				walk(f.Type)
+			}
+		}
+	}
+	walk(t)
+	return keys
 }
 
 // LogConfig is the logging configuration shared by every long-running subcommand.
@@ -68,5 +129,3 @@ func newLogger(w io.Writer, cfg LogConfig, component string) zerolog.Logger {
 	zerolog.TimeFieldFormat = time.RFC3339Nano
 	return zerolog.New(w).Level(lvl).With().Timestamp().Str("component", component).Logger()
 }
-
-var _ = os.Stderr

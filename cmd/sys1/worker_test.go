@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sys1hq/sys1/sink/chtest"
+)
+
+// lockedBuffer collects a command's stderr while it runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestWorkerIsOneProcessDeployment runs the binary's worker exactly as the quick start does
+// (embedded NATS, the simulator) with a ClickHouse DSN, so the sink runs in-process: a
+// decision made with `sys1 decide` lands in ClickHouse, and SIGTERM exits 0.
+func TestWorkerIsOneProcessDeployment(t *testing.T) {
+	db := chtest.New(t)
+	port := freePort(t)
+	t.Setenv("SYS1_NATS_URL", "")
+	t.Setenv("SYS1_NATS_LISTEN", fmt.Sprintf("127.0.0.1:%d", port))
+	t.Setenv("SYS1_DATA_DIR", t.TempDir())
+	t.Setenv("SYS1_PROVIDER", "simulator")
+	t.Setenv("SYS1_CLICKHOUSE_DSN", db.DSN)
+	t.Setenv("SYS1_CLICKHOUSE_DATABASE", db.Name)
+	t.Setenv("SYS1_SINK_BATCH_AGE", "100ms")
+	t.Setenv("SYS1_LOG_LEVEL", "debug")
+
+	ctx, stop := context.WithCancel(context.Background())
+	var stderr lockedBuffer
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, []string{"worker"}, &bytes.Buffer{}, &stderr) }()
+	t.Cleanup(stop)
+
+	// Once the worker has read its environment, point the client at its embedded server.
+	waitStart := time.Now().Add(30 * time.Second)
+	for !strings.Contains(stderr.String(), "worker started") {
+		select {
+		case c := <-exited:
+			t.Fatalf("worker exited with %d:\n%s", c, stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(waitStart) {
+			t.Fatalf("worker did not start:\n%s", stderr.String())
+		}
+	}
+	t.Setenv("SYS1_NATS_URL", fmt.Sprintf("nats://127.0.0.1:%d", port))
+	ticket := filepath.Join("..", "..", "contract", "examples", "ticket.json")
+	code, out, errOut := decide(t, "--run-id", "one-process-1", "--timeout", "20s", ticket)
+	if code != exitOK {
+		t.Fatalf("decide: exit %d\n%s\n%s\nworker:\n%s", code, out, errOut, stderr.String())
+	}
+
+	waitRow := time.Now().Add(30 * time.Second)
+	for {
+		n := db.Count(t, "SELECT count() FROM `"+db.Name+"`.runs FINAL WHERE run_id = 'one-process-1' AND provider = 'simulator' AND status = 'success'")
+		if n == 1 {
+			break
+		}
+		if time.Now().After(waitRow) {
+			t.Fatalf("the run never reached ClickHouse; worker log:\n%s", stderr.String())
+		}
+		<-time.After(100 * time.Millisecond)
+	}
+
+	stop()
+	select {
+	case c := <-exited:
+		if c != exitOK {
+			t.Fatalf("worker exit %d after SIGTERM:\n%s", c, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("worker did not exit after SIGTERM")
+	}
+	logs := stderr.String()
+	for _, want := range []string{"started an embedded NATS server", `"run_id":"one-process-1"`, "worker stopped"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("worker log lacks %q", want)
+		}
+	}
+}
+
+func TestWorkerRejectsBadConfigurationNamingEveryVariable(t *testing.T) {
+	t.Setenv("SYS1_CONCURRENCY", "0")
+	t.Setenv("SYS1_PROVIDER", "gpt")
+	t.Setenv("SYS1_AUTH_MODE", "magic")
+	t.Setenv("SYS1_MAX_DELIVER", "many")
+	t.Setenv("SYS1_LOG_LEVEL", "loud")
+	var stderr bytes.Buffer
+	code := run(context.Background(), []string{"worker"}, &bytes.Buffer{}, &stderr)
+	if code != exitUsage {
+		t.Fatalf("exit %d", code)
+	}
+	for _, v := range []string{"SYS1_CONCURRENCY", "SYS1_PROVIDER", "SYS1_AUTH_MODE", "SYS1_MAX_DELIVER", "SYS1_LOG_LEVEL"} {
+		if !strings.Contains(stderr.String(), v) {
+			t.Errorf("the start-up error does not name %s:\n%s", v, stderr.String())
+		}
+	}
+}
