@@ -325,3 +325,56 @@ func TestUndecodableRecordsAreDeadLettered(t *testing.T) {
 		t.Errorf("out-of-range dead letter = %+v (state and instructions must be redacted)", got[2])
 	}
 }
+
+// Cancelling the sink while a batch is in flight finishes that batch (insert and ack within
+// ShutdownTimeout) instead of abandoning it; a restarted sink takes the rest.
+func TestSinkCancelledMidBatchFinishesIt(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.BatchSize = 500; c.MaxAckPending = 500 })
+	const n = 2000
+	e.publish(t, makeRecords(0, n))
+
+	inserted := make(chan struct{})
+	resume := make(chan struct{})
+	var once atomic.Bool
+	first := e.startSink(t, e.cfg, func(s *Sink) {
+		s.afterInsert = func() {
+			if once.CompareAndSwap(false, true) {
+				close(inserted)
+				<-resume // the shutdown signal arrives between insert and ack
+			}
+		}
+	})
+	<-inserted
+	first.cancel()
+	close(resume)
+	first.stop(t)
+
+	st := first.Stats()
+	if st.Batches == 0 || st.AckFailures != 0 {
+		t.Fatalf("the in-flight batch was not finished on shutdown: %+v", st)
+	}
+	rows := e.count(t, "SELECT count() FROM %s.runs FINAL")
+	if rows != st.Inserted || rows == 0 || rows == n {
+		t.Fatalf("after shutdown: %d rows, stats %+v; want the finished batches only", rows, st)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cons, err := e.js.Consumer(ctx, e.topo.RunsStream, e.topo.SinkConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Finished batches are acked; anything else the sink held was nak'ed or never delivered.
+	if info.AckFloor.Stream < st.Inserted {
+		t.Fatalf("ack floor %d below the %d inserted records", info.AckFloor.Stream, st.Inserted)
+	}
+
+	second := e.startSink(t, e.cfg, nil)
+	waitFor(t, time.Minute, "the restarted sink to drain", func() bool {
+		return e.consumerDrained(t) && e.count(t, "SELECT count() FROM %s.runs FINAL") == n
+	})
+	second.stop(t)
+}
