@@ -23,6 +23,7 @@ import (
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -51,24 +52,17 @@ func newHarness(t *testing.T, fakeOpts ...ollamatest.Option) *harness {
 // newHarnessWith lets a test shape the nats-server (e.g. require a password).
 func newHarnessWith(t *testing.T, serverOpts func(*server.Options), fakeOpts ...ollamatest.Option) *harness {
 	t.Helper()
-	opts := &server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		MaxPayload: 8 << 20, NoLog: true, NoSigs: true,
-	}
-	if serverOpts != nil {
-		serverOpts(opts)
-	}
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatalf("nats-server: %v", err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	h := &harness{t: t, srv: srv, logs: &syncBuffer{}, user: opts.Username, password: opts.Password}
+	var user, password string
+	srv := natstest.Start(t, func(o *server.Options) {
+		o.MaxPayload = 8 << 20
+		if serverOpts != nil {
+			serverOpts(o)
+		}
+		user, password = o.Username, o.Password
+	})
+	h := &harness{t: t, srv: srv, logs: &syncBuffer{}, user: user, password: password}
 	h.nc = h.connect()
+	var err error
 	h.js, err = jetstream.New(h.nc)
 	if err != nil {
 		t.Fatal(err)

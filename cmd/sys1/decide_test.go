@@ -10,36 +10,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider/simulator"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // startDeployment runs a nats-server and, when withWorker, one worker on the simulator.
 func startDeployment(t *testing.T, withWorker bool) string {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	srv := natstest.Start(t)
+	nc, js := natstest.Connect(t, srv)
 	ctx, cancel := context.WithCancel(context.Background())
 	topo := topology.Default()
 	if !withWorker {
@@ -134,14 +119,7 @@ func TestDecideConnectionErrors(t *testing.T) {
 		t.Errorf("no NATS: exit %d, stderr %s", code, errOut)
 	}
 	// NATS without any worker ever: no stream stores the request.
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	srv.ReadyForConnections(10 * time.Second)
-	t.Cleanup(srv.Shutdown)
-	t.Setenv("SYS1_NATS_URL", srv.ClientURL())
+	t.Setenv("SYS1_NATS_URL", natstest.Start(t).ClientURL())
 	if code, _, errOut := decide(t, ticket); code != exitUsage || !strings.Contains(errOut, "worker running") {
 		t.Errorf("no stream: exit %d, stderr %s", code, errOut)
 	}

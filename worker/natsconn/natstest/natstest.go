@@ -1,0 +1,52 @@
+// Package natstest runs real nats-servers with JetStream inside tests: sys1's tests never mock
+// NATS, they start one of these (a few milliseconds) with a fresh store per test.
+package natstest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Start runs a JetStream-enabled nats-server on a free loopback port, with its store in a
+// temporary directory, shut down when the test ends. configure may adjust the options
+// (credentials, max payload, ...) before the server starts.
+func Start(tb testing.TB, configure ...func(*server.Options)) *server.Server {
+	tb.Helper()
+	opts := &server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: tb.TempDir(),
+		NoLog: true, NoSigs: true,
+	}
+	for _, c := range configure {
+		c(opts)
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		tb.Fatalf("nats-server: %v", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		tb.Fatal("nats-server not ready within 10s")
+	}
+	tb.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv
+}
+
+// Connect opens a connection to srv (closed when the test ends) and its JetStream context.
+func Connect(tb testing.TB, srv *server.Server, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	tb.Helper()
+	nc, err := nats.Connect(srv.ClientURL(), opts...)
+	if err != nil {
+		tb.Fatalf("connect to %s: %v", srv.ClientURL(), err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatalf("jetstream: %v", err)
+	}
+	return nc, js
+}
