@@ -20,7 +20,9 @@
 //     drains at full batch size.
 //   - A record that can never be a row (not JSON, not a run record, a time ClickHouse cannot
 //     store) goes to the runs_dead_letter table in the same flush, is counted and logged
-//     (subject and sequence only, never content), and is acked like the rest.
+//     (subject and sequence only, never content), and is acked like the rest. So does a row
+//     ClickHouse itself rejects as data (a constraint, say): the batch is halved until the
+//     rejected rows are isolated, so one bad record cannot stall the stream.
 //
 // Acks: every message but the last is acked asynchronously, the last with a synchronous
 // (double) ack. JetStream processes one consumer's acks in order, so the confirmed last ack
@@ -209,11 +211,25 @@ func (s *Sink) fetch(ctx context.Context, cons jetstream.Consumer) ([]jetstream.
 	return msgs, nil
 }
 
-// prepared is a batch split into insertable rows and dead letters.
+// prepared is a batch split into insertable rows and dead letters, and how far its insert got
+// (each step is done once; a retry resumes where the last attempt failed).
 type prepared struct {
-	rows []*row
-	dead []*deadLetter
-	seqs []uint64 // stream sequences of every message, for the dedup token
+	rows   []*row
+	rowSrc []source // the message of each row, should ClickHouse reject the row
+	dead   []*deadLetter
+	seqs   []uint64 // stream sequences of every message, for the dedup token
+
+	deadDone, rowsDone, rejectedDone bool
+	// rejected are rows ClickHouse refused as data (see insertIsolating), parked as dead letters.
+	rejected []*deadLetter
+}
+
+// source is what a dead letter needs of a message.
+type source struct {
+	data       []byte
+	subject    string
+	deliveries uint64
+	from       origin
 }
 
 func (s *Sink) prepare(msgs []jetstream.Msg) prepared {
@@ -240,7 +256,9 @@ func (s *Sink) prepare(msgs []jetstream.Msg) prepared {
 			continue
 		}
 		p.rows = append(p.rows, r)
+		p.rowSrc = append(p.rowSrc, source{data: m.Data(), subject: m.Subject(), deliveries: deliveries, from: from})
 	}
+	p.deadDone = len(p.dead) == 0
 	return p
 }
 
@@ -271,10 +289,9 @@ func (s *Sink) flush(ctx context.Context, work *pending) {
 	})
 	defer func() { stopAfter(); cancelGrace() }()
 
-	deadDone := len(p.dead) == 0
 	backoff := s.cfg.RetryMin
 	for attempt := 1; ; attempt++ {
-		err := s.insertOnce(grace, p, &deadDone)
+		err := s.insertOnce(grace, p)
 		if err == nil {
 			break
 		}
@@ -297,8 +314,8 @@ func (s *Sink) flush(ctx context.Context, work *pending) {
 		backoff = min(backoff*2, s.cfg.RetryMax)
 	}
 
-	s.inserted.Add(uint64(len(p.rows)))
-	s.deadLettered.Add(uint64(len(p.dead)))
+	s.inserted.Add(uint64(len(p.rows) - len(p.rejected)))
+	s.deadLettered.Add(uint64(len(p.dead) + len(p.rejected)))
 	s.batches.Add(1)
 	s.mu.Lock()
 	if s.retrying {
@@ -315,30 +332,101 @@ func (s *Sink) flush(ctx context.Context, work *pending) {
 	}
 }
 
-// insertOnce makes one attempt at the batch's dead letters (once they are in, they are not
-// sent again) and rows.
-func (s *Sink) insertOnce(ctx context.Context, p *prepared, deadDone *bool) error {
-	if !*deadDone {
-		vals := make([][]any, len(p.dead))
-		for i, d := range p.dead {
-			vals[i] = d.values()
-		}
-		if err := s.insert(ctx, s.insertDead, dedupToken(s.topo.RunsStream, "runs_dead_letter", p.seqs), vals); err != nil {
+// insertOnce makes one attempt at the batch: its dead letters, its rows, then the rows
+// ClickHouse rejected as data. A step that succeeded is not repeated by the next attempt.
+func (s *Sink) insertOnce(ctx context.Context, p *prepared) error {
+	if !p.deadDone {
+		if err := s.insertDeadLetters(ctx, p.dead, "runs_dead_letter"); err != nil {
 			return fmt.Errorf("insert %d dead letters: %w", len(p.dead), err)
 		}
-		*deadDone = true
+		p.deadDone = true
 	}
-	if len(p.rows) == 0 {
-		return nil
+	if !p.rowsDone {
+		rejected, err := s.insertIsolating(ctx, p.rows, p.rowSrc)
+		if err != nil {
+			return fmt.Errorf("insert %d run records: %w", len(p.rows), err)
+		}
+		p.rowsDone, p.rejected, p.rejectedDone = true, rejected, len(rejected) == 0
 	}
-	vals := make([][]any, len(p.rows))
-	for i, r := range p.rows {
-		vals[i] = r.values()
-	}
-	if err := s.insert(ctx, s.insertRuns, dedupToken(s.topo.RunsStream, "runs", p.seqs), vals); err != nil {
-		return fmt.Errorf("insert %d run records: %w", len(p.rows), err)
+	if !p.rejectedDone {
+		if err := s.insertDeadLetters(ctx, p.rejected, "runs_dead_letter/rejected"); err != nil {
+			return fmt.Errorf("insert %d rejected records as dead letters: %w", len(p.rejected), err)
+		}
+		p.rejectedDone = true
 	}
 	return nil
+}
+
+func (s *Sink) insertDeadLetters(ctx context.Context, dead []*deadLetter, tokenScope string) error {
+	vals := make([][]any, len(dead))
+	seqs := make([]uint64, len(dead))
+	for i, d := range dead {
+		vals[i], seqs[i] = d.values(), d.seq
+	}
+	return s.insert(ctx, s.insertDead, dedupToken(s.topo.RunsStream, tokenScope, seqs), vals)
+}
+
+// insertIsolating inserts rows. When ClickHouse rejects the data itself (a constraint, a
+// value it cannot store; not a connection or capacity problem), it halves the batch until it
+// finds the rows it rejects and returns them as dead letters, so one bad record cannot stall
+// the stream. The halving is deterministic, so a retry sends the same sub-batches with the
+// same deduplication tokens.
+func (s *Sink) insertIsolating(ctx context.Context, rows []*row, src []source) ([]*deadLetter, error) {
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	vals := make([][]any, len(rows))
+	seqs := make([]uint64, len(rows))
+	for i, r := range rows {
+		vals[i], seqs[i] = r.values(), src[i].from.seq
+	}
+	err := s.insert(ctx, s.insertRuns, dedupToken(s.topo.RunsStream, "runs", seqs), vals)
+	if err == nil || !rejectedAsData(err) {
+		return nil, err
+	}
+	if len(rows) == 1 {
+		reason := "ClickHouse rejected the record: " + err.Error()
+		s.log.Error().Str("subject", src[0].subject).Uint64("runs_seq", src[0].from.seq).Str("reason", reason).
+			Msg("sink: run record cannot be stored; parking it in the dead-letter table")
+		return []*deadLetter{newDeadLetter(src[0].data, src[0].from, src[0].subject, src[0].deliveries, reason, s.cfg.RecordState)}, nil
+	}
+	mid := len(rows) / 2
+	left, err := s.insertIsolating(ctx, rows[:mid], src[:mid])
+	if err != nil {
+		return nil, err
+	}
+	right, err := s.insertIsolating(ctx, rows[mid:], src[mid:])
+	if err != nil {
+		return nil, err
+	}
+	return append(left, right...), nil
+}
+
+// rejectedAsData reports whether ClickHouse refused an insert because of the rows' content,
+// which no retry can fix. Everything else (network, timeouts, memory, missing tables before a
+// migration) is retried.
+func rejectedAsData(err error) bool {
+	var ex *clickhouse.Exception
+	if !errors.As(err, &ex) {
+		return false
+	}
+	switch ex.Code {
+	case 6, // CANNOT_PARSE_TEXT
+		27,  // CANNOT_PARSE_INPUT_ASSERTION_FAILED
+		38,  // CANNOT_PARSE_DATE
+		41,  // CANNOT_PARSE_DATETIME
+		53,  // TYPE_MISMATCH
+		69,  // ARGUMENT_OUT_OF_BOUND
+		70,  // CANNOT_CONVERT_TYPE
+		72,  // CANNOT_PARSE_NUMBER
+		117, // INCORRECT_DATA
+		131, // TOO_LARGE_STRING_SIZE
+		190, // SIZES_OF_ARRAYS_DONT_MATCH
+		321, // VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+		469: // VIOLATED_CONSTRAINT
+		return true
+	}
+	return false
 }
 
 // insert sends rows with one PrepareBatch/Send under a deduplication token.

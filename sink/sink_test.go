@@ -163,20 +163,22 @@ func TestInsertRetryIsDeduplicated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var p prepared
+	p := prepared{deadDone: true}
 	for i, rec := range makeRecords(0, 50) {
-		r, err := toRow(&rec, origin{stream: e.topo.RunsStream, seq: uint64(i + 1), published: time.Now()}, RecordFull)
+		from := origin{stream: e.topo.RunsStream, seq: uint64(i + 1), published: time.Now()}
+		r, err := toRow(&rec, from, RecordFull)
 		if err != nil {
 			t.Fatal(err)
 		}
 		p.rows, p.seqs = append(p.rows, r), append(p.seqs, uint64(i+1))
+		p.rowSrc = append(p.rowSrc, source{from: from})
 	}
 	ctx := context.Background()
 	for range 3 {
-		dead := true
-		if err := s.insertOnce(ctx, &p, &dead); err != nil {
+		if err := s.insertOnce(ctx, &p); err != nil {
 			t.Fatal(err)
 		}
+		p.rowsDone = false // as if the insert's success had been lost on the way back
 	}
 	if got := e.count(t, "SELECT count() FROM %s.runs"); got != 50 {
 		t.Fatalf("rows after inserting the same batch 3 times = %d, want 50 (no FINAL)", got)
@@ -377,4 +379,29 @@ func TestSinkCancelledMidBatchFinishesIt(t *testing.T) {
 		return e.consumerDrained(t) && e.count(t, "SELECT count() FROM %s.runs FINAL") == n
 	})
 	second.stop(t)
+}
+
+// A record ClickHouse itself refuses (here: a CHECK constraint) is isolated by halving the
+// batch and parked as a dead letter; the rest of its batch is stored and nothing stalls.
+func TestRowsClickHouseRejectsAreIsolated(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.BatchSize = 300 })
+	ctx := context.Background()
+	if err := e.db.Conn.Exec(ctx, "ALTER TABLE `"+e.db.Name+"`.runs ADD CONSTRAINT no_poison CHECK NOT startsWith(run_id, 'poison')"); err != nil {
+		t.Fatal(err)
+	}
+	recs := makeRecords(0, 300)
+	recs[17].RunID, recs[230].RunID = "poison-1", "poison-2"
+	e.publish(t, recs)
+	s := e.startSink(t, e.cfg, nil)
+	waitFor(t, time.Minute, "the batch to be stored around the rejected rows", func() bool {
+		st := s.Stats()
+		return st.Inserted == 298 && st.DeadLettered == 2 && e.consumerDrained(t)
+	})
+	s.stop(t)
+	if got := e.count(t, "SELECT count() FROM %s.runs FINAL"); got != 298 {
+		t.Fatalf("rows = %d, want 298", got)
+	}
+	if got := e.count(t, "SELECT count() FROM %s.runs_dead_letter FINAL WHERE runs_seq IN (18, 231) AND error LIKE 'ClickHouse rejected the record:%%469%%' AND payload LIKE '%%poison%%'"); got != 2 {
+		t.Fatalf("dead letters for the rejected rows = %d, want 2", got)
+	}
 }
