@@ -183,6 +183,14 @@ func (s *Sink) fetchLoop(ctx context.Context, cons jetstream.Consumer, work chan
 			if !sleep(ctx, backoff) {
 				return
 			}
+			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+				// Someone deleted the durable consumer. Recreate it: it starts again from the
+				// beginning of the stream, and the copies it re-inserts fold away under FINAL.
+				if c, err := topology.EnsureSinkConsumer(ctx, s.js, s.topo, s.cfg.AckWait, s.cfg.MaxAckPending); err == nil {
+					s.log.Warn().Str("consumer", s.topo.SinkConsumer).Msg("sink: the consumer was deleted; recreated it")
+					cons = c
+				}
+			}
 			backoff = min(backoff*2, s.cfg.RetryMax)
 			continue
 		}

@@ -405,3 +405,23 @@ func TestRowsClickHouseRejectsAreIsolated(t *testing.T) {
 		t.Fatalf("dead letters for the rejected rows = %d, want 2", got)
 	}
 }
+
+// A durable consumer deleted under a running sink is recreated, and records published after
+// that still arrive.
+func TestSinkRecreatesADeletedConsumer(t *testing.T) {
+	e := newEnv(t, nil)
+	e.publish(t, makeRecords(0, 100))
+	s := e.startSink(t, e.cfg, nil)
+	waitFor(t, time.Minute, "the first records", func() bool { return s.Stats().Inserted >= 100 && e.consumerDrained(t) })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.js.DeleteConsumer(ctx, e.topo.RunsStream, e.topo.SinkConsumer); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, makeRecords(100, 100))
+	waitFor(t, time.Minute, "records after the consumer was deleted", func() bool {
+		return e.count(t, "SELECT count() FROM %s.runs FINAL") == 200 && e.consumerDrained(t)
+	})
+	s.stop(t)
+}
