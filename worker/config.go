@@ -9,7 +9,9 @@ import (
 // Config is the worker pool's own configuration (the JetStream names live in topology.Config,
 // the provider's in its package).
 type Config struct {
-	// Concurrency is the most provider calls (and so messages) in flight in this replica.
+	// Concurrency is the most provider calls in flight in this replica. Up to as many more
+	// messages are in hand around them (claimed and waiting for a call, or storing and
+	// publishing their outcome), so at most 2×Concurrency messages are unacknowledged.
 	Concurrency int `env:"SYS1_CONCURRENCY" envDefault:"8"`
 	// MaxDeliver is how many deliveries a run may take before a transient error is final.
 	MaxDeliver int `env:"SYS1_MAX_DELIVER" envDefault:"5"`

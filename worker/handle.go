@@ -202,10 +202,19 @@ func (r *run) callProvider(ctx context.Context, deadline time.Time) (*contract.R
 
 	// Providers log through the context's logger, so their lines carry this run's run_id.
 	callCtx = r.log.WithContext(callCtx)
+	// Wait for a provider slot (heartbeating meanwhile, above). The wait can outlast the
+	// caller's deadline: then the provider is not called, as if it had passed before.
+	select {
+	case w.providerSlots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		<-w.providerSlots
+		return nil, contract.Errorf(contract.CodeExpired, "deadline %s passed before the provider was called", deadline.UTC().Format(time.RFC3339Nano))
+	}
 	started := time.Now()
-	w.stats.providerStart()
-	resp, err := w.opt.Provider.Evaluate(callCtx, r.resolved)
-	w.stats.providerNow.Add(-1)
+	resp, err := w.evaluate(callCtx, r.resolved)
 	a := contract.Attempt{
 		Provider:  w.opt.Provider.Name(),
 		Outcome:   provider.Outcome(err),
@@ -230,6 +239,18 @@ func (r *run) callProvider(ctx context.Context, deadline time.Time) (*contract.R
 	}
 	r.attempts = append(r.attempts, a)
 	return resp, err
+}
+
+// evaluate makes the provider call in a slot the caller has taken, and gives the slot back
+// even if the provider panics (the run's recover turns that into SYS1_INTERNAL; a lost slot
+// would shrink the replica for good).
+func (w *Worker) evaluate(ctx context.Context, req *contract.Request) (*contract.Response, error) {
+	w.stats.providerStart()
+	defer func() {
+		w.stats.providerNow.Add(-1)
+		<-w.providerSlots
+	}()
+	return w.opt.Provider.Evaluate(ctx, req)
 }
 
 // lastError is the error of the last attempt, or SYS1_INTERNAL with why when there is none.

@@ -52,6 +52,11 @@ type Worker struct {
 	gate  gate
 	log   zerolog.Logger
 	stats stats
+	// providerSlots bounds the provider calls in flight to Concurrency. The pull loop admits
+	// twice as many messages, so the runs waiting for a slot have already been claimed and
+	// validated, and the runs past their call store and publish their outcome, while the
+	// provider stays busy: a slot is held for the call alone, never for a JetStream round trip.
+	providerSlots chan struct{}
 }
 
 // New ensures the JetStream topology (streams, run-id bucket, the shared consumer) and returns
@@ -75,7 +80,7 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, opt: opt, cons: cons, gate: gate{kv: kv}}
+	w := &Worker{cfg: cfg, opt: opt, cons: cons, gate: gate{kv: kv}, providerSlots: make(chan struct{}, cfg.Concurrency)}
 	w.log = opt.Logger.With().Str("worker", cfg.ID).Logger()
 	if opt.Topology.MaxAckPending < cfg.Concurrency {
 		w.log.Warn().Int("max_ack_pending", opt.Topology.MaxAckPending).Int("concurrency", cfg.Concurrency).
@@ -95,7 +100,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	runCtx, cancelRuns := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRuns()
 
-	slots := make(chan struct{}, w.cfg.Concurrency)
+	// Messages in flight: Concurrency in provider calls and as many again before or after
+	// theirs (see providerSlots).
+	slots := make(chan struct{}, 2*w.cfg.Concurrency)
 	var wg sync.WaitGroup
 	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("max_deliver", w.cfg.MaxDeliver).
 		Str("provider", w.opt.Provider.Name()).Msg("worker started")
