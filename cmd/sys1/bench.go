@@ -201,6 +201,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		out.ProviderBound = bound
 		out.Efficiency = rep.Throughput / bound
 	}
+	if f.self && rep.ProviderTime.Count > 0 {
+		// Little's law: calls in flight on average = throughput × mean call time. Over the
+		// slots it is how busy the worker kept the provider, whatever the provider's own
+		// overhead on top of its nominal latency.
+		out.ProviderUtilisation = rep.Throughput * rep.ProviderTime.MeanMS / 1000 / float64(f.replicas*f.concurrency)
+	}
 	if err := out.write(stdout, f.jsonOut); err != nil {
 		fmt.Fprintf(stderr, "sys1 bench: %v\n", err)
 		return exitUsage
@@ -290,6 +296,9 @@ type benchOutput struct {
 	// Efficiency is the achieved throughput over it.
 	ProviderBound float64 `json:"provider_bound_per_s,omitempty"`
 	Efficiency    float64 `json:"efficiency,omitempty"`
+	// ProviderUtilisation is the average share of the provider slots (replicas × concurrency)
+	// in use: throughput × mean provider time ÷ slots (--self).
+	ProviderUtilisation float64 `json:"provider_utilisation,omitempty"`
 }
 
 func (o benchOutput) write(w io.Writer, asJSON bool) error {
@@ -315,8 +324,10 @@ func (o benchOutput) write(w io.Writer, asJSON bool) error {
 		return err
 	}
 	if o.ProviderBound > 0 {
-		_, err := fmt.Fprintf(w, "efficiency    %.3f of the provider bound %.0f/s (replicas × concurrency ÷ provider latency)\n", o.Efficiency, o.ProviderBound)
-		return err
+		fmt.Fprintf(w, "efficiency    %.3f of the provider bound %.0f/s (replicas × concurrency ÷ provider latency)\n", o.Efficiency, o.ProviderBound)
+	}
+	if o.ProviderUtilisation > 0 {
+		fmt.Fprintf(w, "utilisation   %.3f of the provider slots busy on average (throughput × mean provider time ÷ slots)\n", o.ProviderUtilisation)
 	}
 	return nil
 }
