@@ -140,16 +140,10 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 
 	exit := exitOK
 	if s.sink.DSN != "" {
-		sk, err := startSink(ctx, s, conn, log)
-		if err != nil {
-			log.Error().Err(err).Msg("cannot start the in-process sink")
-			return exitUsage
-		}
-		bg.Go(func() {
-			if err := sk.Run(ctx); err != nil {
-				log.Error().Err(err).Msg("in-process sink stopped")
-			}
-		})
+		// The in-process sink waits for ClickHouse in the background: decisions do not depend
+		// on it, and records wait in SYS1_RUNS meanwhile.
+		slog := log.With().Str("component", "sink").Logger()
+		bg.Go(func() { runInProcessSink(ctx, s, conn, slog) })
 	}
 
 	if err := w.Run(ctx); err != nil {
@@ -165,15 +159,23 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 	return exit
 }
 
-// startSink opens ClickHouse, applies migrations and builds the in-process sink, so a small
-// deployment is one process.
-func startSink(ctx context.Context, s *workerSettings, conn *natsconn.Conn, log zerolog.Logger) (*sink.Sink, error) {
-	ch, err := sink.Open(ctx, s.sink)
+// runInProcessSink connects to ClickHouse (retrying), migrates and drains SYS1_RUNS until ctx
+// ends, so a small deployment is one process.
+func runInProcessSink(ctx context.Context, s *workerSettings, conn *natsconn.Conn, log zerolog.Logger) {
+	ch, err := openClickHouse(ctx, s.sink, log)
 	if err != nil {
-		return nil, err
+		if ctx.Err() == nil {
+			log.Error().Err(err).Msg("in-process sink cannot use ClickHouse; records wait in SYS1_RUNS for a sink")
+		}
+		return
 	}
-	if err := sink.Migrate(ctx, ch, s.sink); err != nil {
-		return nil, err
+	defer ch.Close()
+	sk, err := sink.New(conn.JS, ch, s.topo, s.sink, log)
+	if err != nil {
+		log.Error().Err(err).Msg("cannot start the in-process sink")
+		return
 	}
-	return sink.New(conn.JS, ch, s.topo, s.sink, log.With().Str("component", "sink").Logger())
+	if err := sk.Run(ctx); err != nil {
+		log.Error().Err(err).Msg("in-process sink stopped")
+	}
 }
