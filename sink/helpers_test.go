@@ -17,36 +17,15 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/sink/chtest"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // startNATS runs a real in-process nats-server with JetStream.
-func startNATS(tb testing.TB) *server.Server {
-	tb.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: tb.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		tb.Fatal("nats-server not ready")
-	}
-	tb.Cleanup(srv.Shutdown)
-	return srv
-}
+func startNATS(tb testing.TB) *server.Server { return natstest.Start(tb) }
 
 func connectJS(tb testing.TB, srv *server.Server) (*nats.Conn, jetstream.JetStream) {
-	tb.Helper()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return nc, js
+	return natstest.Connect(tb, srv)
 }
 
 // testEnv is one test's NATS server, migrated ClickHouse database and sink configuration.

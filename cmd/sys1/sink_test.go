@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/sink/chtest"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
 // syncBuf is a goroutine-safe writer for a command's output.
@@ -100,15 +100,7 @@ func TestMigrateCommandConfigErrors(t *testing.T) {
 // sys1 sink drains records published to SYS1_RUNS and exits 0 on cancellation.
 func TestSinkCommand(t *testing.T) {
 	db := chtest.New(t)
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := natstest.Start(t)
 	t.Setenv("SYS1_NATS_URL", srv.ClientURL())
 	t.Setenv("SYS1_CLICKHOUSE_DSN", db.DSN)
 	t.Setenv("SYS1_CLICKHOUSE_DATABASE", db.Name)
