@@ -116,8 +116,9 @@ const inboxPrefix = "_INBOX."
 // CheckReplyTo applies the reply-subject policy to a request's Sys1-Reply-To (empty: no reply).
 // The worker publishes to it with its own permissions, so an unchecked value would make it a
 // confused deputy: a reply into sys1.runs.> forges a run record, one into sys1.decide.> a
-// request. Only inboxes (_INBOX.…) and durable replies (sys1.replies.…) are accepted, and in
-// subject mode durable replies must stay under the caller's own sys1.replies.<caller>.
+// request. Only inboxes (_INBOX.…) and durable replies (sys1.replies.…) are accepted, and
+// durable replies of verified callers must stay under sys1.replies.<token>, the token of the
+// subject the request was published on (the caller itself in subject mode).
 // Errors: SYS1_INVALID_INPUT for a subject outside those namespaces, SYS1_FORBIDDEN for another
 // caller's reply namespace.
 func CheckReplyTo(id Identity, replyTo string) *contract.Error {
@@ -131,10 +132,24 @@ func CheckReplyTo(id Identity, replyTo string) *contract.Error {
 	case strings.HasPrefix(replyTo, inboxPrefix):
 		return nil
 	case strings.HasPrefix(replyTo, topology.RepliesPrefix):
-		if id.Kind != contract.CallerKindSubject {
+		// Durable replies stay in the namespace of the subject the request came on: the caller
+		// in mode subject; in mode jwt the producer's own subject token, which the NATS
+		// permissions tie to its NATS user (a JWT sub need not be a valid subject token).
+		// Otherwise one caller could plant replies, with any run id, in another's stream.
+		var token string
+		switch id.Kind {
+		case contract.CallerKindSubject:
+			token = id.Caller
+		case contract.CallerKindJWT:
+			t, err := CallerFromSubject(id.Subject)
+			if err != nil {
+				return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: durable replies need a caller token in the request subject")
+			}
+			token = t
+		default:
 			return nil
 		}
-		own := topology.RepliesPrefix + id.Caller
+		own := topology.RepliesPrefix + token
 		if replyTo == own || strings.HasPrefix(replyTo, own+".") {
 			return nil
 		}

@@ -522,7 +522,7 @@ func mustJSON(t *testing.T, v any) string {
 
 func TestCheckReplyTo(t *testing.T) {
 	subj := Identity{Caller: "svc-a", Kind: contract.CallerKindSubject, Subject: "sys1.decide.svc-a"}
-	jwtID := Identity{Caller: "user@example.com", Kind: contract.CallerKindJWT}
+	jwtID := Identity{Caller: "user@example.com", Kind: contract.CallerKindJWT, Subject: "sys1.decide.svc-a.batch"}
 	anon := Identity{Caller: AnonymousCaller, Kind: contract.CallerKindAnonymous}
 	tests := []struct {
 		id      Identity
@@ -536,7 +536,9 @@ func TestCheckReplyTo(t *testing.T) {
 		{subj, "sys1.replies.svc-a.run-1", ""},
 		{subj, "sys1.replies.svc-b.run-1", contract.CodeForbidden},
 		{subj, "sys1.replies.svc-ab.run-1", contract.CodeForbidden},
-		{jwtID, "sys1.replies.anything.run-1", ""},
+		{jwtID, "sys1.replies.svc-a.run-1", ""},
+		{jwtID, "sys1.replies.anything.run-1", contract.CodeForbidden},
+		{Identity{Caller: "u", Kind: contract.CallerKindJWT, Subject: "sys1.decide"}, "sys1.replies.u.run-1", contract.CodeInvalidInput},
 		{anon, "_INBOX.x", ""},
 		{subj, "sys1.runs.success", contract.CodeInvalidInput},
 		{jwtID, "sys1.decide.svc-b", contract.CodeInvalidInput},
