@@ -1,0 +1,93 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+func TestPublishSetsTheSpecHeaders(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	if _, err := topology.Ensure(ctx, js, topology.Default()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	id, err := c.Publish(ctx, client.Request{Caller: "svc-a.batch", Body: []byte(`{"x":1}`), Deadline: deadline, Token: "tok", ReplyTo: "_INBOX.svc-a.r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(id, "r-") {
+		t.Errorf("fresh run id %q", id)
+	}
+	s, _ := js.Stream(ctx, "SYS1_REQUESTS")
+	m, err := s.GetLastMsgForSubject(ctx, "sys1.decide.svc-a.batch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"Sys1-Run-Id": id, "Nats-Msg-Id": id, "Sys1-Reply-To": "_INBOX.svc-a.r",
+		"Sys1-Deadline": "2030-01-02T03:04:05Z", "Authorization": "Bearer tok",
+	}
+	for k, v := range want {
+		if got := m.Header.Get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	if string(m.Data) != `{"x":1}` {
+		t.Errorf("body changed: %s", m.Data)
+	}
+
+	// The same run id again inside the de-duplication window is reported, not silently lost.
+	if _, err := c.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(`{}`), RunID: id}); !errors.Is(err, client.ErrDuplicate) {
+		t.Errorf("want ErrDuplicate, got %v", err)
+	}
+}
+
+func TestPublishRefusesBadCallersAndMissingStreams(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, _ := natstest.Connect(t, srv)
+	c, _ := client.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, caller := range []string{"", "a b", "a.*", "a.>", "a..b"} {
+		if _, err := c.Publish(ctx, client.Request{Caller: caller, Body: []byte(`{}`)}); err == nil || errors.Is(err, client.ErrNoStream) {
+			t.Errorf("caller %q: want a caller error, got %v", caller, err)
+		}
+	}
+	if _, err := c.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(`{}`)}); !errors.Is(err, client.ErrNoStream) {
+		t.Errorf("no stream: want ErrNoStream, got %v", err)
+	}
+	if _, err := c.Decide(ctx, client.Request{Caller: "svc-a", Body: []byte(`{}`), ReplyTo: "_INBOX.x"}); err == nil {
+		t.Error("Decide with a custom ReplyTo must be refused")
+	}
+}
+
+func TestParseReply(t *testing.T) {
+	m := nats.NewMsg("_INBOX.x")
+	m.Data = []byte(`{"run_id":"r1","status":"failed","result":null,"error":{"code":"SYS1_EXPIRED","message":"[SYS1_EXPIRED] late","status":408},"attempts":[],"queued_ms":1,"latency_ms":2}`)
+	rep, err := client.ParseReply(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.RunID != "r1" || rep.Error == nil || rep.Error.Code != "SYS1_EXPIRED" || rep.Error.Status != 408 || rep.QueuedMS != 1 {
+		t.Errorf("%+v", rep.Reply)
+	}
+	m.Data = []byte(`not json`)
+	if _, err := client.ParseReply(m); err == nil {
+		t.Error("want an error for a non-JSON reply")
+	}
+}
