@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"time"
@@ -61,6 +62,7 @@ type benchFlags struct {
 	preload         bool
 	hold            bool
 	cpuProfile      string
+	memProfile      string
 	memSample       time.Duration
 }
 
@@ -80,13 +82,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&f.metricsURLs, "metrics-url", "", "comma list of worker /metrics URLs to read the provider-call peak from")
 	fs.StringVar(&f.progress, "progress", "auto", "live progress line on stderr: auto (when stderr is a terminal), always, never")
 	fs.BoolVar(&f.self, "self", false, "start NATS, worker replicas and a fake Ollama in this process")
-	fs.IntVar(&f.replicas, "replicas", 1, "--self: worker replicas")
+	fs.IntVar(&f.replicas, "replicas", 1, "--self: worker replicas (0: NATS and the fake only, for workers run separately; their URLs go to stderr)")
 	fs.IntVar(&f.concurrency, "concurrency", 64, "--self: SYS1_CONCURRENCY of each replica")
 	fs.IntVar(&f.fetchBatch, "fetch-batch", 0, "--self: SYS1_FETCH_BATCH of each replica (0 = the worker's default)")
 	fs.DurationVar(&f.providerLatency, "provider-latency", 20*time.Millisecond, "--self: the fake Ollama's latency per call")
 	fs.BoolVar(&f.preload, "preload", false, "--self: publish every request before starting the workers (a backlog), then time the drain")
 	fs.BoolVar(&f.hold, "hold", false, "--self: after the report, keep the NATS server up (its URL on stderr) until interrupted")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the run (generator and, with --self, the workers) to this file")
+	fs.StringVar(&f.memProfile, "memprofile", "", "write a heap profile (in-use memory when the last reply arrived) to this file")
 	fs.DurationVar(&f.memSample, "mem-sample", 250*time.Millisecond, "--self: memory sampling period")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -152,8 +155,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 				fmt.Fprintf(stderr, "sys1 bench: tear-down: %v\n", err)
 			}
 		}()
+		if f.replicas == 0 {
+			fmt.Fprintf(stderr, "sys1 bench: no replicas in-process; run workers with SYS1_NATS_URL=%s SYS1_OLLAMA_BASE_URL=%s\n", self.URL(), self.ProviderURL())
+		}
 		if f.preload {
-			opts.BeforeDrain = self.StartWorkers
+			opts.BeforeDrain = func(ctx context.Context) error {
+				fmt.Fprintf(stderr, "sys1 bench: backlog of %d requests published; draining\n", f.n)
+				return self.StartWorkers(ctx)
+			}
 		} else if err := self.StartWorkers(ctx); err != nil {
 			fmt.Fprintf(stderr, "sys1 bench: %v\n", err)
 			return exitUsage
@@ -186,6 +195,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if opts.Progress != nil {
 		fmt.Fprint(stderr, "\r\033[K")
 	}
+	if f.memProfile != "" {
+		// Before tear-down, so the profile shows what the deployment holds after the run.
+		if err := writeHeapProfile(f.memProfile); err != nil {
+			fmt.Fprintf(stderr, "sys1 bench: --memprofile: %v\n", err)
+		}
+	}
 	if rep == nil {
 		fmt.Fprintf(stderr, "sys1 bench: %v\n", runErr)
 		return exitUsage
@@ -195,13 +210,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 
 	out := benchOutput{Setup: f.setup(body), Report: rep}
-	if f.self && f.providerLatency > 0 {
+	if f.self && f.providerLatency > 0 && f.replicas > 0 {
 		// The provider bound: every replica's slots busy with calls that take providerLatency.
 		bound := float64(f.replicas*f.concurrency) / f.providerLatency.Seconds()
 		out.ProviderBound = bound
 		out.Efficiency = rep.Throughput / bound
 	}
-	if f.self && rep.ProviderTime.Count > 0 {
+	if f.self && f.replicas > 0 && rep.ProviderTime.Count > 0 {
 		// Little's law: calls in flight on average = throughput × mean call time. Over the
 		// slots it is how busy the worker kept the provider, whatever the provider's own
 		// overhead on top of its nominal latency.
@@ -357,4 +372,17 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC() // in-use figures are as of the last collection
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -124,7 +124,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{[]string{"--progress", "sometimes"}, "--progress must be auto, always or never"},
 		{[]string{"--self", "--metrics-url", "http://x/metrics"}, "--self reports the peak itself"},
 		{[]string{"--template", "seventy"}, `unknown template "seventy"`},
-		{[]string{"--self", "--replicas", "0"}, "replicas must be 1–64"},
+		{[]string{"--self", "--replicas", "-1"}, "replicas must be 0–64"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 	} {
 		var stdout, stderr bytes.Buffer

@@ -13,10 +13,16 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider/ollama"
+	"github.com/sys1hq/sys1/worker"
+	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/natsconn"
+	"github.com/sys1hq/sys1/worker/topology"
 )
 
 func startSelf(t *testing.T, replicas, concurrency int) *Self {
@@ -119,6 +125,9 @@ func TestSelfRunReportAddsUp(t *testing.T) {
 	}
 	if calls != n {
 		t.Errorf("replicas report %d succeeded runs, want %d", calls, n)
+	}
+	if rep.CPUPerDecisionMS <= 0 {
+		t.Errorf("process CPU per decision %g, want it measured", rep.CPUPerDecisionMS)
 	}
 	if rep.Memory == nil || len(rep.Memory.Samples) < 2 || rep.Memory.PeakRSS < rep.Memory.StartRSS || rep.Memory.PeakRSS == 0 {
 		t.Errorf("memory report %+v: want samples with peak ≥ start > 0", rep.Memory)
@@ -277,7 +286,7 @@ func TestOptionsCheck(t *testing.T) {
 }
 
 func TestStartSelfRejectsBadSizes(t *testing.T) {
-	for _, o := range []SelfOptions{{Replicas: 0, Concurrency: 1}, {Replicas: 1, Concurrency: 0}, {Replicas: 1, Concurrency: 1, ProviderLatency: -1}} {
+	for _, o := range []SelfOptions{{Replicas: -1, Concurrency: 1}, {Replicas: 65, Concurrency: 1}, {Replicas: 1, Concurrency: 0}, {Replicas: 1, Concurrency: 1, ProviderLatency: -1}} {
 		if s, err := StartSelf(context.Background(), o); err == nil {
 			_ = s.Close()
 			t.Errorf("StartSelf(%+v) accepted", o)
@@ -338,4 +347,59 @@ func TestScrapePeakFromAWorker(t *testing.T) {
 	if want := s.workers[0].w.Stats().ProviderPeak; p.Calls != want || want < 1 {
 		t.Fatalf("scraped peak %d, worker's Stats says %d", p.Calls, want)
 	}
+}
+
+// With no replicas, Self is the server and the fake only; a worker elsewhere (here one
+// built like `sys1 worker` from the two URLs) drains a backlog the generator preloaded.
+func TestSelfWithoutReplicasServesAnOutsideWorker(t *testing.T) {
+	s := startSelf(t, 0, 1)
+	const n = 12
+	rep, err := Run(context.Background(), connect(t, s), Options{
+		Requests: n, Producers: 3, Caller: "bench", Body: ticket(t),
+		BeforeDrain: func(ctx context.Context) error {
+			startOutsideWorker(t, s.URL(), s.ProviderURL(), 3)
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkAddsUp(t, rep)
+	if rep.Succeeded != n {
+		t.Fatalf("succeeded %d of %d: %v", rep.Succeeded, n, rep.FailedBy)
+	}
+	if p := s.Peak(); p.Calls < 1 || p.Calls > 3 || len(p.PerReplica) != 0 {
+		t.Fatalf("peak %+v: want 1..3 from the fake and no in-process replicas", p)
+	}
+}
+
+func startOutsideWorker(t *testing.T, natsURL, ollamaURL string, concurrency int) {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prov, err := ollama.New(ollama.Config{BaseURL: ollamaURL, TimeoutMS: "30000"}, ollama.WithMaxConns(concurrency), ollama.WithLogger(zerolog.Nop()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prov.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	authn, err := auth.New(ctx, auth.DefaultConfig(), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(ctx, worker.Config{Concurrency: concurrency, MaxDeliver: 3, ShutdownGrace: 5 * time.Second, FetchBatch: concurrency, RetryBase: time.Second, RetryMax: time.Minute, ID: "outside"},
+		worker.Options{NC: nc, JS: js, Topology: topology.Default(), Provider: prov, Policy: contract.Policy{DefaultModel: "nimble"}, Auth: authn, Logger: zerolog.Nop(), FetchWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = w.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
 }

@@ -25,7 +25,8 @@ import (
 
 // SelfOptions size an in-process deployment.
 type SelfOptions struct {
-	// Replicas is the number of worker replicas, each on its own NATS connection.
+	// Replicas is the number of worker replicas, each on its own NATS connection. Zero runs
+	// the server and the fake only, for workers in other processes (URL, ProviderURL).
 	Replicas int
 	// Concurrency is each replica's SYS1_CONCURRENCY.
 	Concurrency int
@@ -65,8 +66,8 @@ type selfWorker struct {
 // StartSelf starts the server, the fake and the replicas (created, topology ensured, not yet
 // consuming: call StartWorkers). On error everything started is torn down.
 func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
-	if o.Replicas < 1 || o.Replicas > 64 {
-		return nil, fmt.Errorf("replicas must be 1–64, got %d", o.Replicas)
+	if o.Replicas < 0 || o.Replicas > 64 {
+		return nil, fmt.Errorf("replicas must be 0–64, got %d", o.Replicas)
 	}
 	if o.Concurrency < 1 || o.Concurrency > 4096 {
 		return nil, fmt.Errorf("concurrency must be 1–4096, got %d", o.Concurrency)
@@ -97,6 +98,11 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 	// The shared consumer's MaxAckPending caps every replica together.
 	topo.MaxAckPending = max(topo.MaxAckPending, 2*o.Replicas*o.Concurrency)
 	// Auth mode none warns that it is for development; in a benchmark that is the point.
+	// The topology exists before any replica does, so a deployment without replicas (workers
+	// running elsewhere, see Replicas) can take a backlog at once.
+	if err := s.ensureTopology(ctx, topo); err != nil {
+		return nil, err
+	}
 	authn, err := auth.New(ctx, auth.DefaultConfig(), log.Level(zerolog.ErrorLevel))
 	if err != nil {
 		return nil, fmt.Errorf("auth: %w", err)
@@ -134,6 +140,28 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 
 // URL is the embedded server's client URL.
 func (s *Self) URL() string { return s.srv.ClientURL() }
+
+// ProviderURL is the fake Ollama's base URL (what SYS1_OLLAMA_BASE_URL would hold).
+func (s *Self) ProviderURL() string { return s.fake.URL() }
+
+func (s *Self) ensureTopology(ctx context.Context, topo topology.Config) error {
+	nc, err := s.Connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	if _, err := topology.Ensure(ctx, js, topo); err != nil {
+		return err
+	}
+	if _, err := topology.EnsureWorkerConsumer(ctx, js, topo); err != nil {
+		return err
+	}
+	return nil
+}
 
 // StartWorkers starts every replica's pull loop. It is idempotent.
 func (s *Self) StartWorkers(context.Context) error {
