@@ -82,9 +82,9 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	}
 	w := &Worker{cfg: cfg, opt: opt, cons: cons, gate: gate{kv: kv}, providerSlots: make(chan struct{}, cfg.Concurrency)}
 	w.log = opt.Logger.With().Str("worker", cfg.ID).Logger()
-	if opt.Topology.MaxAckPending < cfg.Concurrency {
+	if opt.Topology.MaxAckPending < 2*cfg.Concurrency {
 		w.log.Warn().Int("max_ack_pending", opt.Topology.MaxAckPending).Int("concurrency", cfg.Concurrency).
-			Msg("SYS1_MAX_ACK_PENDING is below this replica's concurrency; it caps the whole shared consumer, so raise it to at least replicas × SYS1_CONCURRENCY")
+			Msg("SYS1_MAX_ACK_PENDING is below twice this replica's concurrency (a replica holds up to 2 × SYS1_CONCURRENCY messages); it caps the whole shared consumer, so raise it to at least 2 × replicas × SYS1_CONCURRENCY")
 	}
 	return w, nil
 }
