@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 type benchJSON struct {
@@ -132,5 +137,56 @@ func TestBenchUsageErrors(t *testing.T) {
 		if code != exitUsage || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("bench %v: exit %d, stderr %q; want exit %d mentioning %q", tc.args, code, stderr.String(), exitUsage, tc.want)
 		}
+	}
+}
+
+// --hold keeps the embedded server (with the streams and the run records) up after the report
+// until the command's context ends, for tools such as `nats bench` to use the same server.
+func TestBenchSelfHoldKeepsTheServerUntilInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuf
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"bench", "--self", "--hold", "-n", "5", "--concurrency", "2", "--provider-latency", "0s", "--progress", "never"}, &stdout, &stderr)
+	}()
+	deadline := time.After(60 * time.Second)
+	for !strings.Contains(stderr.String(), "holding") {
+		select {
+		case c := <-code:
+			t.Fatalf("bench exited (%d) without holding; stderr:\n%s", c, stderr.String())
+		case <-deadline:
+			t.Fatalf("no holding line; stderr:\n%s", stderr.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	url := regexp.MustCompile(`nats://[0-9.:]+`).FindString(stderr.String())
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatalf("connect to the held server %q: %v", url, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, "SYS1_RUNS")
+	if err != nil {
+		t.Fatalf("held server has no SYS1_RUNS: %v", err)
+	}
+	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 5 {
+		t.Fatalf("SYS1_RUNS holds %v records (%v), want the run's 5", info, err)
+	}
+	if !strings.Contains(stdout.String(), "succeeded     5") {
+		t.Errorf("report before holding:\n%s", stdout.String())
+	}
+	cancel()
+	select {
+	case c := <-code:
+		if c != exitOK {
+			t.Fatalf("exit %d after interrupt, stderr:\n%s", c, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("bench did not stop after interrupt")
 	}
 }
