@@ -36,8 +36,8 @@ With --self it starts, in this process, an embedded NATS server (temporary store
 worker replicas with --concurrency each, and a fake Ollama answering in --provider-latency, so
 the worker's own overhead can be measured anywhere. See deploy/performance.md.
 
-Exit status: 0 when every run succeeded, 1 when any failed or went unanswered, 2 on usage or
-connection errors.
+Exit status: 0 when every run succeeded, 1 when any failed, went unanswered or could not be
+published, 2 on usage or connection errors.
 
 flags:
 `
@@ -231,7 +231,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "sys1 bench: holding; NATS at %s (workers still running); interrupt to stop\n", self.URL())
 		<-ctx.Done()
 	}
-	if rep.Failed > 0 || runErr != nil {
+	if rep.Failed > 0 || rep.PublishErrors > 0 || runErr != nil {
 		return exitFailed
 	}
 	return exitOK

@@ -69,8 +69,10 @@ type Report struct {
 	Succeeded int            `json:"succeeded"`
 	Failed    int            `json:"failed"`
 	FailedBy  map[string]int `json:"failed_by_code"`
-	// PublishErrors are requests JetStream did not store (not counted in Sent).
-	PublishErrors int `json:"publish_errors"`
+	// PublishErrors are requests JetStream did not store (not counted in Sent);
+	// FirstPublishError says why the first one failed.
+	PublishErrors     int    `json:"publish_errors"`
+	FirstPublishError string `json:"first_publish_error,omitempty"`
 	// DuplicateReplies are replies for runs already answered (replies are at least once).
 	DuplicateReplies int `json:"duplicate_replies"`
 	// ElapsedMS is from the first publish (or, with a preload, the start of the drain) to the
@@ -217,16 +219,17 @@ type generator struct {
 	// answeredCh is signalled (non-blocking) on every reply so await notices the end.
 	answeredCh chan struct{}
 
-	mu         sync.Mutex
-	pending    map[string]time.Time // run id → publish start
-	clock      time.Time            // throughput clock start
-	last       time.Time            // last reply
-	succeeded  int
-	failedBy   map[string]int
-	dups       int
-	latency    []time.Duration
-	queueWait  []time.Duration
-	providerMS []time.Duration
+	mu          sync.Mutex
+	pending     map[string]time.Time // run id → publish start
+	clock       time.Time            // throughput clock start
+	last        time.Time            // last reply
+	succeeded   int
+	failedBy    map[string]int
+	dups        int
+	latency     []time.Duration
+	queueWait   []time.Duration
+	providerMS  []time.Duration
+	firstPubErr string
 }
 
 // publishAll runs the producers until the count or the duration is reached, ctx ends, or
@@ -261,7 +264,11 @@ func (g *generator) publishAll(ctx context.Context) error {
 						cancel(err)
 						return
 					}
-					g.pubErrs.Add(1)
+					if g.pubErrs.Add(1) == 1 {
+						g.mu.Lock()
+						g.firstPubErr = err.Error()
+						g.mu.Unlock()
+					}
 				}
 			}
 		})
@@ -369,15 +376,16 @@ func (g *generator) report(published time.Time) *Report {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	r := &Report{
-		Sent:             int(g.sent.Load()),
-		Succeeded:        g.succeeded,
-		FailedBy:         map[string]int{},
-		PublishErrors:    int(g.pubErrs.Load()),
-		DuplicateReplies: g.dups,
-		PublishMS:        ms(published.Sub(g.start)),
-		Latency:          Summarize(g.latency),
-		QueueWait:        Summarize(g.queueWait),
-		ProviderTime:     Summarize(g.providerMS),
+		Sent:              int(g.sent.Load()),
+		Succeeded:         g.succeeded,
+		FailedBy:          map[string]int{},
+		PublishErrors:     int(g.pubErrs.Load()),
+		FirstPublishError: g.firstPubErr,
+		DuplicateReplies:  g.dups,
+		PublishMS:         ms(published.Sub(g.start)),
+		Latency:           Summarize(g.latency),
+		QueueWait:         Summarize(g.queueWait),
+		ProviderTime:      Summarize(g.providerMS),
 	}
 	for code, n := range g.failedBy {
 		r.FailedBy[code] = n

@@ -403,3 +403,22 @@ func startOutsideWorker(t *testing.T, natsURL, ollamaURL string, concurrency int
 	go func() { _ = w.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
+
+// A request JetStream will not take is a publish error with its reason, never a sent run.
+func TestPublishErrorsAreCountedWithTheirReason(t *testing.T) {
+	s := startSelf(t, 1, 1)
+	huge := []byte(`{"state":"` + strings.Repeat("x", 9<<20) + `","questions":{}}`)
+	rep, err := Run(context.Background(), connect(t, s), Options{Requests: 3, Producers: 1, Caller: "bench", Body: huge})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkAddsUp(t, rep)
+	if rep.Sent != 0 || rep.PublishErrors != 3 || !strings.Contains(rep.FirstPublishError, "maximum payload") {
+		t.Fatalf("sent %d, publish errors %d (%q): want 0 sent, 3 errors about the payload size", rep.Sent, rep.PublishErrors, rep.FirstPublishError)
+	}
+	var text strings.Builder
+	_ = rep.WriteText(&text)
+	if !strings.Contains(text.String(), "3 publishes failed") {
+		t.Errorf("text report hides the publish errors:\n%s", text.String())
+	}
+}

@@ -13,7 +13,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "sent          %d", r.Sent)
 	if r.PublishErrors > 0 {
-		fmt.Fprintf(&b, "   (%d publishes failed and are not counted)", r.PublishErrors)
+		fmt.Fprintf(&b, "   (%d publishes failed and are not counted; the first: %s)", r.PublishErrors, r.FirstPublishError)
 	}
 	fmt.Fprintf(&b, "\nsucceeded     %d\nfailed        %d\n", r.Succeeded, r.Failed)
 	for _, code := range slices.Sorted(maps.Keys(r.FailedBy)) {
