@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/sys1hq/sys1/provider/simulator"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/loadtest"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -117,4 +119,59 @@ func benchPipeline(b *testing.B, prov provider.Provider, concurrency int) {
 	b.ReportMetric(rep.CPUPerDecisionMS*1000, "cpu-µs/decision")
 	b.ReportMetric(rep.Latency.P50MS, "p50-ms")
 	b.ReportMetric(rep.Latency.P99MS, "p99-ms")
+}
+
+// The pipeline keeps up to 2×Concurrency messages in hand so that provider slots never wait
+// on JetStream round trips, while the provider itself never sees more than Concurrency calls.
+func TestProviderSlotsBoundCallsWhileMessagesLookAhead(t *testing.T) {
+	h := newHarness(t, ollamatest.WithLatency(300*time.Millisecond), ollamatest.WithRecordLimit(0))
+	r := h.start(func(o *replicaOpts) { o.cfg.Concurrency = 2; o.cfg.FetchBatch = 2 })
+	const n = 8
+	ctx := context.Background()
+	for i := range n {
+		if _, err := h.cl.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: fmt.Sprintf("look-%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var maxInFlight int64
+	waitFor(t, "four messages in hand (two calling, two waiting for a slot)", 30*time.Second, func() bool {
+		maxInFlight = max(maxInFlight, r.w.Stats().InFlight)
+		return maxInFlight == 4
+	})
+	waitFor(t, "every run to finish", 60*time.Second, func() bool {
+		maxInFlight = max(maxInFlight, r.w.Stats().InFlight)
+		return r.w.Stats().Succeeded == n
+	})
+	if maxInFlight > 4 {
+		t.Errorf("%d messages in hand, want at most 2×concurrency = 4", maxInFlight)
+	}
+	if got := h.fake.MaxConcurrent(); got != 2 {
+		t.Errorf("provider saw %d concurrent calls, want exactly the concurrency, 2", got)
+	}
+	if s := r.w.Stats(); s.ProviderPeak != 2 || s.ProviderCalls != n {
+		t.Errorf("worker stats %+v: want peak 2 and %d calls", s, n)
+	}
+}
+
+// A run pulled ahead of a free provider slot still honours Sys1-Deadline: if the deadline
+// passes while it waits, the provider is never called for it.
+func TestDeadlinePassingWhileWaitingForAProviderSlot(t *testing.T) {
+	h := newHarness(t, ollamatest.WithLatency(time.Second), ollamatest.WithRecordLimit(0))
+	r := h.start(func(o *replicaOpts) { o.cfg.Concurrency = 1; o.cfg.FetchBatch = 1 })
+	if _, err := h.cl.Publish(context.Background(), client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "slot-holder"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first run to occupy the only provider slot", 30*time.Second, func() bool { return h.fake.InFlight() == 1 })
+	rep := h.decide("svc-a", []byte(ticket), func(req *client.Request) {
+		req.RunID = "slot-waiter"
+		req.Deadline = time.Now().Add(300 * time.Millisecond)
+	})
+	if rep.Status != contract.StatusFailed || rep.Error == nil || rep.Error.Code != contract.CodeExpired ||
+		!strings.Contains(rep.Error.Message, "before the provider was called") || len(rep.Attempts) != 0 {
+		t.Fatalf("reply %s: want SYS1_EXPIRED before any provider call", rep.Raw)
+	}
+	waitFor(t, "the first run to finish", 30*time.Second, func() bool { return r.w.Stats().Succeeded == 1 })
+	if calls := h.fake.Calls(); calls != 1 {
+		t.Fatalf("provider called %d times, want once (only the run that held the slot)", calls)
+	}
 }
