@@ -45,7 +45,8 @@ type Config struct {
 	// AckWait is how long a delivery may run without an ack or InProgress before redelivery.
 	AckWait time.Duration `env:"SYS1_ACK_WAIT" envDefault:"30s"`
 	// MaxAckPending caps unacknowledged messages across ALL replicas of the shared consumer; it
-	// must be at least replicas × SYS1_CONCURRENCY or replicas starve each other.
+	// must be at least 2 × replicas × SYS1_CONCURRENCY (a replica holds up to twice its
+	// concurrency in messages) or replicas starve each other.
 	MaxAckPending int `env:"SYS1_MAX_ACK_PENDING" envDefault:"1024"`
 	// MaxPayload is the largest request accepted by the stream (bytes).
 	MaxMsgSize int32 `env:"SYS1_MAX_MSG_SIZE" envDefault:"8388608"`
