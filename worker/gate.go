@@ -162,3 +162,17 @@ func appendJSONString(b []byte, s string) []byte {
 	q, _ := json.Marshal(s) // a string always encodes
 	return append(b, q...)
 }
+
+// messageGone reports whether the request message at seq has left the request stream (acked,
+// terminated, or aged out), which a gate entry still marked running can outlive.
+func (w *Worker) messageGone(ctx context.Context, seq uint64) (bool, error) {
+	_, err := w.requests.GetMsg(ctx, seq)
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return true, nil
+	default:
+		return false, fmt.Errorf("look up request %d: %w", seq, err)
+	}
+}

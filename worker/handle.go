@@ -107,10 +107,21 @@ func (r *run) process(ctx context.Context) {
 		r.replay(ctx, st)
 		return
 	case claimDuplicate:
-		// Another message with this id is being run: answer once it has finished.
-		r.log.Info().Msg("run id is in flight from another message; answering once it finishes")
-		_ = r.msg.NakWithDelay(w.cfg.RetryBase)
-		return
+		// Another message with this id owns the run. While it is still queued or in flight,
+		// answer once it has finished; if it is gone (aged out of the stream unfinished), this
+		// message takes the run over, or it would wait for good.
+		gone, err := w.messageGone(ctx, st.StreamSeq)
+		if err != nil || !gone {
+			r.log.Info().Uint64("owner_seq", st.StreamSeq).Msg("run id is in flight from another message; answering once it finishes")
+			_ = r.msg.NakWithDelay(w.cfg.RetryBase)
+			return
+		}
+		st.StreamSeq = meta.Sequence.Stream
+		if rev, err = w.gate.save(ctx, r.runID, st, rev); err != nil {
+			r.retryLater(fmt.Errorf("take over run from a vanished message: %w", err))
+			return
+		}
+		r.log.Warn().Msg("the message that owned this run id left the stream unfinished; this one takes the run over")
 	}
 	r.state, r.rev = st, rev
 	r.attempts = append(r.attempts, st.Attempts...)

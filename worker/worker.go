@@ -46,12 +46,14 @@ type Options struct {
 
 // Worker is one replica's pool.
 type Worker struct {
-	cfg   Config
-	opt   Options
-	cons  jetstream.Consumer
-	gate  gate
-	log   zerolog.Logger
-	stats stats
+	cfg  Config
+	opt  Options
+	cons jetstream.Consumer
+	// requests is the request stream, to tell whether a run's owning message still exists.
+	requests jetstream.Stream
+	gate     gate
+	log      zerolog.Logger
+	stats    stats
 	// providerSlots bounds the provider calls in flight to Concurrency. The pull loop admits
 	// twice as many messages, so the runs waiting for a slot have already been claimed and
 	// validated, and the runs past their call store and publish their outcome, while the
@@ -80,7 +82,11 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, opt: opt, cons: cons, gate: gate{kv: kv}, providerSlots: make(chan struct{}, cfg.Concurrency)}
+	requests, err := opt.JS.Stream(ctx, opt.Topology.RequestsStream)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", opt.Topology.RequestsStream, err)
+	}
+	w := &Worker{cfg: cfg, opt: opt, cons: cons, requests: requests, gate: gate{kv: kv}, providerSlots: make(chan struct{}, cfg.Concurrency)}
 	w.log = opt.Logger.With().Str("worker", cfg.ID).Logger()
 	if opt.Topology.MaxAckPending < 2*cfg.Concurrency {
 		w.log.Warn().Int("max_ack_pending", opt.Topology.MaxAckPending).Int("concurrency", cfg.Concurrency).

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -734,4 +735,60 @@ func TestSlowProviderCallIsHeartbeatedNotRedelivered(t *testing.T) {
 	if h.fake.Calls() != 1 || len(rep.Attempts) != 1 || rep.Attempts[0].Delivery != 1 {
 		t.Errorf("calls %d attempts %+v", h.fake.Calls(), rep.Attempts)
 	}
+}
+
+func TestRunWhoseOwningMessageVanishedIsTakenOver(t *testing.T) {
+	h := newHarness(t)
+	h.start()
+	ctx := context.Background()
+	// A gate entry still "running" for a message that is no longer in the stream (it aged out
+	// unfinished): a new message with the same run id must not wait for it forever.
+	kv, err := h.js.KeyValue(ctx, h.topo.RunsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := `{"caller":"anonymous","status":"running","stream_seq":987654,"started_at":"2026-01-01T00:00:00Z",` +
+		`"attempts":[{"provider":"ollama","outcome":"busy","latency_ms":3,"detail":"[SYS1_PROVIDER_BUSY] busy","delivery":1,"error_code":"SYS1_PROVIDER_BUSY","started_at":"2026-01-01T00:00:00Z"}]}`
+	if _, err := kv.Create(ctx, "r"+hex.EncodeToString([]byte("orphan-1")), []byte(stale)); err != nil {
+		t.Fatal(err)
+	}
+	rep := h.decide("svc-a", []byte(ticket), func(r *client.Request) { r.RunID = "orphan-1" })
+	if rep.Status != contract.StatusSuccess {
+		t.Fatalf("reply %s", rep.Raw)
+	}
+	// The earlier attempt is kept: the record tells the whole story of the run id.
+	if len(rep.Attempts) != 2 || rep.Attempts[0].Outcome != contract.OutcomeBusy || rep.Attempts[1].Outcome != contract.OutcomeOK {
+		t.Errorf("attempts %+v", rep.Attempts)
+	}
+	if h.fake.Calls() != 1 {
+		t.Errorf("provider calls %d", h.fake.Calls())
+	}
+}
+
+func TestDuplicateMessageWaitsForTheRunInFlight(t *testing.T) {
+	h := newHarness(t, ollamatest.WithLatency(300*time.Millisecond))
+	h.start()
+	ctx := context.Background()
+	inbox := nats.NewInbox()
+	sub, _ := h.nc.SubscribeSync(inbox)
+	for _, msgID := range []string{"dup-a", "dup-b"} {
+		if _, err := h.cl.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "twice-1", MsgID: msgID, ReplyTo: inbox}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var replies [][]byte
+	for range 2 {
+		m, err := sub.NextMsg(15 * time.Second)
+		if err != nil {
+			t.Fatalf("replies: %d of 2: %v", len(replies), err)
+		}
+		replies = append(replies, m.Data)
+	}
+	if !bytes.Equal(replies[0], replies[1]) {
+		t.Errorf("the two messages got different answers:\n%s\n%s", replies[0], replies[1])
+	}
+	if h.fake.Calls() != 1 {
+		t.Errorf("one run id was scored %d times", h.fake.Calls())
+	}
+	waitFor(t, "both messages settled", 5*time.Second, func() bool { return h.pending() == 0 })
 }

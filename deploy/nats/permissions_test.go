@@ -255,8 +255,17 @@ func TestPermissionsFromDeployConfig(t *testing.T) {
 			t.Fatal(err)
 		}
 		var subjects, callers []string
+		requests, err := wconn.JS.Stream(ctxT(t, 10*time.Second), "SYS1_REQUESTS")
+		if err != nil {
+			t.Fatalf("worker: request stream: %v", err)
+		}
 		for m := range batch.Messages() {
 			subjects = append(subjects, m.Subject())
+			// The worker reads a request by sequence (is the message owning a run still there?).
+			meta, _ := m.Metadata()
+			if _, err := requests.GetMsg(ctxT(t, 10*time.Second), meta.Sequence.Stream); err != nil {
+				t.Fatalf("worker: get request %d: %v", meta.Sequence.Stream, err)
+			}
 			id, aerr := authn.Authenticate(context.Background(), m.Subject(), m.Headers())
 			if aerr != nil {
 				t.Fatalf("authenticate %s: %v", m.Subject(), aerr)
