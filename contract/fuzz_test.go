@@ -128,9 +128,10 @@ func FuzzDecodeResponse(f *testing.F) {
 	})
 }
 
-// FuzzUnmarshalRecord: the lenient decoders the sink reads run records with (RunRecord, and
-// inside it Request and Result) never panic on any bytes, and whatever they accept encodes
-// again and reads back to the same encoding.
+// FuzzUnmarshalRecord: the decoders the sink reads run records with (DecodeRecord, and the
+// lenient Request and Result inside it) never panic on any bytes; whatever json.Unmarshal
+// accepts encodes again, reads back to the same encoding, and DecodeRecord reads that encoding
+// to the same record.
 func FuzzUnmarshalRecord(f *testing.F) {
 	for _, name := range []string{"examples/record.json", "examples/reply.json", "examples/reply-failed.json"} {
 		b, err := os.ReadFile(name)
@@ -148,11 +149,20 @@ func FuzzUnmarshalRecord(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		_, _ = DecodeRecord(data) // never panics, whatever the bytes
 		var rec RunRecord
 		if err := json.Unmarshal(data, &rec); err != nil {
 			return
 		}
 		b1 := rec.AppendJSON(nil)
+		// The sink's fast decoder reads the canonical encoding to the same record.
+		fast, err := DecodeRecord(b1)
+		if err != nil {
+			t.Fatalf("DecodeRecord refuses what json.Unmarshal read: %v\n%s", err, b1)
+		}
+		if b3 := fast.AppendJSON(nil); !bytes.Equal(b1, b3) {
+			t.Fatalf("DecodeRecord differs from json.Unmarshal:\n%s\n%s", b1, b3)
+		}
 		if !json.Valid(b1) {
 			t.Fatalf("re-encoding is not JSON: %s", b1)
 		}

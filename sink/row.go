@@ -104,11 +104,11 @@ type origin struct {
 // decodeRecord decodes one SYS1_RUNS message body into a row. A non-nil error means the
 // record can never be inserted; the caller parks it in the dead-letter table.
 func decodeRecord(data []byte, from origin, mode RecordState) (*row, error) {
-	var rec contract.RunRecord
-	if err := json.Unmarshal(data, &rec); err != nil {
+	rec, err := contract.DecodeRecord(data)
+	if err != nil {
 		return nil, fmt.Errorf("decode run record: %w", err)
 	}
-	return toRow(&rec, from, mode)
+	return toRow(rec, from, mode)
 }
 
 func toRow(rec *contract.RunRecord, from origin, mode RecordState) (*row, error) {
