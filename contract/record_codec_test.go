@@ -26,7 +26,7 @@ func TestDecodeRecordMatchesEncodingJSON(t *testing.T) {
 		"white space, escapes, unknown fields, nulls": "{ \"run_id\" : \"r\\u00e9\\n\" , \"extra\": {\"x\":[1,2]}, \"roles\": null,\n" +
 			`"attempts":[{"provider":"ollama","outcome":"busy","latency_ms":3,"detail":"a \"quoted\" detail","delivery":2,"error_code":"SYS1_PROVIDER_BUSY","started_at":"2026-11-29T10:00:00Z","new":true}],` +
 			`"images":[{"sha256":"ab","bytes":12},null], "stream_seq": 18446744073709551615, "queued_ms": -1}`,
-		"duplicate keys: last wins": `{"run_id":"a","run_id":"b","roles":["x"],"roles":["y","z"]}`,
+		"duplicate keys: last wins":                        `{"run_id":"a","run_id":"b","roles":["x"],"roles":["y","z"]}`,
 		"a request nested as deep as DecodeRequest allows": `{"run_id":"d","request":{"state":` + deep + `,"questions":{"q":{"type":"noul","instructions":"?"}}}}`,
 	}
 	for name, in := range cases {
