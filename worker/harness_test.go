@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -42,6 +43,8 @@ type harness struct {
 	user, password string
 	// apiKey is sent to the fake Ollama when set.
 	apiKey string
+	// restartNATS stops the nats-server and starts it again on the same port and store.
+	restartNATS func()
 }
 
 func newHarness(t *testing.T, fakeOpts ...ollamatest.Option) *harness {
@@ -52,15 +55,27 @@ func newHarness(t *testing.T, fakeOpts ...ollamatest.Option) *harness {
 // newHarnessWith lets a test shape the nats-server (e.g. require a password).
 func newHarnessWith(t *testing.T, serverOpts func(*server.Options), fakeOpts ...ollamatest.Option) *harness {
 	t.Helper()
-	var user, password string
-	srv := natstest.Start(t, func(o *server.Options) {
+	var user, password, storeDir string
+	configure := func(o *server.Options) {
 		o.MaxPayload = 8 << 20
 		if serverOpts != nil {
 			serverOpts(o)
 		}
-		user, password = o.Username, o.Password
-	})
+		user, password, storeDir = o.Username, o.Password, o.StoreDir
+	}
+	srv := natstest.Start(t, configure)
 	h := &harness{t: t, srv: srv, logs: &syncBuffer{}, user: user, password: password}
+	h.restartNATS = func() {
+		// The same store on the same port: NATS restarting, not a new NATS.
+		port := h.srv.Addr().(*net.TCPAddr).Port
+		dir := storeDir
+		h.srv.Shutdown()
+		h.srv.WaitForShutdown()
+		h.srv = natstest.Start(t, func(o *server.Options) {
+			configure(o)
+			o.Port, o.StoreDir = port, dir
+		})
+	}
 	h.nc = h.connect()
 	var err error
 	h.js, err = jetstream.New(h.nc)
@@ -79,7 +94,7 @@ func newHarnessWith(t *testing.T, serverOpts func(*server.Options), fakeOpts ...
 
 func (h *harness) connect() *nats.Conn {
 	h.t.Helper()
-	opts := []nats.Option{nats.MaxReconnects(-1)}
+	opts := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}
 	if h.user != "" {
 		opts = append(opts, nats.UserInfo(h.user, h.password))
 	}

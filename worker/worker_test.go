@@ -792,3 +792,33 @@ func TestDuplicateMessageWaitsForTheRunInFlight(t *testing.T) {
 	}
 	waitFor(t, "both messages settled", 5*time.Second, func() bool { return h.pending() == 0 })
 }
+
+func TestNothingIsLostWhenNATSRestarts(t *testing.T) {
+	h := newHarness(t, ollamatest.WithLatency(30*time.Millisecond), ollamatest.WithRecordLimit(0))
+	h.topo.AckWait = 2 * time.Second
+	r := h.start()
+	ctx := context.Background()
+	const n = 40
+	for i := range n {
+		if _, err := h.cl.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: fmt.Sprintf("nr-%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Restart NATS with runs in flight, queued and finished.
+	waitFor(t, "some runs finished", 10*time.Second, func() bool { return r.w.Stats().Succeeded >= 5 })
+	h.restartNATS()
+	waitFor(t, "every run recorded after the restart", 60*time.Second, func() bool {
+		seen := map[string]bool{}
+		for _, rec := range h.records() {
+			seen[rec.RunID] = true
+		}
+		return len(seen) == n
+	})
+	waitFor(t, "work queue empty", 30*time.Second, func() bool { return h.pending() == 0 })
+	for i := range n {
+		rec := h.recordByRun(fmt.Sprintf("nr-%d", i)) // exactly one record per run id
+		if rec.Status != contract.StatusSuccess {
+			t.Errorf("run %d: %s %s", i, rec.ErrorCode, rec.ErrorMessage)
+		}
+	}
+}
