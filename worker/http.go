@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -37,25 +38,31 @@ func (w *Worker) Handler() http.Handler {
 		_, _ = rw.Write([]byte("ready\n"))
 	})
 	mux.HandleFunc("/metrics", func(rw http.ResponseWriter, _ *http.Request) {
-		s := w.Stats()
 		rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		for _, m := range []struct {
-			name, kind, help string
-			v                int64
-		}{
-			{"sys1_worker_in_flight", "gauge", "Messages being processed by this replica.", s.InFlight},
-			{"sys1_worker_provider_in_flight", "gauge", "Provider calls running now.", s.ProviderInFlight},
-			{"sys1_worker_provider_in_flight_peak", "gauge", "Most provider calls ever running at once.", s.ProviderPeak},
-			{"sys1_worker_provider_calls_total", "counter", "Provider calls made.", s.ProviderCalls},
-			{"sys1_worker_runs_succeeded_total", "counter", "Runs finished with status success.", s.Succeeded},
-			{"sys1_worker_runs_failed_total", "counter", "Runs finished with status failed.", s.Failed},
-			{"sys1_worker_redeliveries_total", "counter", "Deliveries nak'ed for a transient error.", s.Retried},
-			{"sys1_worker_replays_total", "counter", "Finished runs answered again from their stored outcome.", s.Replayed},
-		} {
-			fmt.Fprintf(rw, "# HELP %s %s\n# TYPE %s %s\n%s{worker=%q} %d\n", m.name, m.help, m.name, m.kind, m.name, w.cfg.ID, m.v)
-		}
+		w.WriteMetrics(rw)
 	})
 	return mux
+}
+
+// WriteMetrics writes the replica's counters in the Prometheus text format (what /metrics
+// serves), labelled with the replica id.
+func (w *Worker) WriteMetrics(out io.Writer) {
+	s := w.Stats()
+	for _, m := range []struct {
+		name, kind, help string
+		v                int64
+	}{
+		{"sys1_worker_in_flight", "gauge", "Messages being processed by this replica.", s.InFlight},
+		{"sys1_worker_provider_in_flight", "gauge", "Provider calls running now.", s.ProviderInFlight},
+		{"sys1_worker_provider_in_flight_peak", "gauge", "Most provider calls ever running at once.", s.ProviderPeak},
+		{"sys1_worker_provider_calls_total", "counter", "Provider calls made.", s.ProviderCalls},
+		{"sys1_worker_runs_succeeded_total", "counter", "Runs finished with status success.", s.Succeeded},
+		{"sys1_worker_runs_failed_total", "counter", "Runs finished with status failed.", s.Failed},
+		{"sys1_worker_redeliveries_total", "counter", "Deliveries nak'ed for a transient error.", s.Retried},
+		{"sys1_worker_replays_total", "counter", "Finished runs answered again from their stored outcome.", s.Replayed},
+	} {
+		fmt.Fprintf(out, "# HELP %s %s\n# TYPE %s %s\n%s{worker=%q} %d\n", m.name, m.help, m.name, m.kind, m.name, w.cfg.ID, m.v)
+	}
 }
 
 func probeSummary(p provider.ProbeResult) string {

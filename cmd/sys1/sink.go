@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"time"
 
@@ -35,8 +36,9 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 		natsCfg = natsconn.DefaultConfig()
 		topo    topology.Config
 		cfg     = sink.DefaultConfig()
+		httpCfg HTTPConfig
 	)
-	if err := loadConfig(&logCfg, &natsCfg, &topo, &cfg); err != nil {
+	if err := loadConfig(&logCfg, &natsCfg, &topo, &cfg, &httpCfg); err != nil {
 		fmt.Fprintln(stderr, "sys1 sink:", err)
 		return exitUsage
 	}
@@ -75,6 +77,20 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if err != nil {
 		log.Error().Err(err).Msg("cannot start the sink")
 		return exitUsage
+	}
+	if httpCfg.Addr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
+		mux.HandleFunc("/metrics", func(rw http.ResponseWriter, _ *http.Request) {
+			rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
+			s.WriteMetrics(rw)
+		})
+		stopHTTP, err := serveHTTP(httpCfg.Addr, mux, log)
+		if err != nil {
+			log.Error().Err(err).Msg("cannot serve HTTP")
+			return exitUsage
+		}
+		defer stopHTTP()
 	}
 	if err := s.Run(ctx); err != nil {
 		log.Error().Err(err).Msg("sink failed")

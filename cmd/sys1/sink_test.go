@@ -105,6 +105,8 @@ func TestSinkCommand(t *testing.T) {
 	t.Setenv("SYS1_CLICKHOUSE_DSN", db.DSN)
 	t.Setenv("SYS1_CLICKHOUSE_DATABASE", db.Name)
 	t.Setenv("SYS1_SINK_BATCH_AGE", "100ms")
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	t.Setenv("SYS1_HTTP_ADDR", httpAddr)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -147,6 +149,13 @@ func TestSinkCommand(t *testing.T) {
 			t.Fatalf("rows did not arrive; stderr:\n%s", stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+	// The operational endpoint shows what the sink did (and its lag, for alerting).
+	metrics := httpGet(t, "http://"+httpAddr+"/metrics")
+	for _, want := range []string{"sys1_sink_inserted_total 20", "sys1_sink_retrying 0", "# TYPE sys1_sink_lag_records gauge"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, metrics)
+		}
 	}
 	cancel()
 	select {

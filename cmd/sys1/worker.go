@@ -2,13 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -24,22 +23,6 @@ import (
 
 func init() {
 	register(command{name: "worker", summary: "run a worker replica (embedded NATS when SYS1_NATS_URL is unset)", run: runWorker})
-}
-
-// HTTPConfig is the operational HTTP endpoint (/healthz, /readyz, /metrics).
-type HTTPConfig struct {
-	Addr string `env:"SYS1_HTTP_ADDR"`
-}
-
-// Validate checks the listen address.
-func (c *HTTPConfig) Validate() []error {
-	if c.Addr == "" {
-		return nil
-	}
-	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
-		return []error{fmt.Errorf("SYS1_HTTP_ADDR: %q is not host:port (e.g. :8080): %v", c.Addr, err)}
-	}
-	return nil
 }
 
 // workerSettings is every variable `sys1 worker` reads.
@@ -122,20 +105,24 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 	}
 
 	var bg sync.WaitGroup
-	var httpSrv *http.Server
+	// The in-process sink exists once ClickHouse answers; /metrics includes it from then on.
+	var inProcessSink atomic.Pointer[sink.Sink]
 	if s.http.Addr != "" {
-		httpSrv = &http.Server{Addr: s.http.Addr, Handler: w.Handler(), ReadHeaderTimeout: 5 * time.Second}
-		ln, err := net.Listen("tcp", s.http.Addr)
-		if err != nil {
-			log.Error().Err(err).Str("addr", s.http.Addr).Msg("cannot listen for HTTP")
-			return exitUsage
-		}
-		bg.Go(func() {
-			if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error().Err(err).Msg("HTTP server failed")
+		mux := http.NewServeMux()
+		mux.Handle("/", w.Handler())
+		mux.HandleFunc("/metrics", func(rw http.ResponseWriter, _ *http.Request) {
+			rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
+			w.WriteMetrics(rw)
+			if sk := inProcessSink.Load(); sk != nil {
+				sk.WriteMetrics(rw)
 			}
 		})
-		log.Info().Str("addr", ln.Addr().String()).Msg("serving /healthz, /readyz and /metrics")
+		stopHTTP, err := serveHTTP(s.http.Addr, mux, log)
+		if err != nil {
+			log.Error().Err(err).Msg("cannot serve HTTP")
+			return exitUsage
+		}
+		defer stopHTTP()
 	}
 
 	exit := exitOK
@@ -143,17 +130,12 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 		// The in-process sink waits for ClickHouse in the background: decisions do not depend
 		// on it, and records wait in SYS1_RUNS meanwhile.
 		slog := log.With().Str("component", "sink").Logger()
-		bg.Go(func() { runInProcessSink(ctx, s, conn, slog) })
+		bg.Go(func() { runInProcessSink(ctx, s, conn, slog, &inProcessSink) })
 	}
 
 	if err := w.Run(ctx); err != nil {
 		log.Error().Err(err).Msg("worker failed")
 		exit = exitFailed
-	}
-	if httpSrv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = httpSrv.Shutdown(sctx)
-		cancel()
 	}
 	bg.Wait()
 	return exit
@@ -161,7 +143,7 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 
 // runInProcessSink connects to ClickHouse (retrying), migrates and drains SYS1_RUNS until ctx
 // ends, so a small deployment is one process.
-func runInProcessSink(ctx context.Context, s *workerSettings, conn *natsconn.Conn, log zerolog.Logger) {
+func runInProcessSink(ctx context.Context, s *workerSettings, conn *natsconn.Conn, log zerolog.Logger, published *atomic.Pointer[sink.Sink]) {
 	ch, err := openClickHouse(ctx, s.sink, log)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -175,6 +157,7 @@ func runInProcessSink(ctx context.Context, s *workerSettings, conn *natsconn.Con
 		log.Error().Err(err).Msg("cannot start the in-process sink")
 		return
 	}
+	published.Store(sk)
 	if err := sk.Run(ctx); err != nil {
 		log.Error().Err(err).Msg("in-process sink stopped")
 	}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +14,17 @@ import (
 
 	"github.com/sys1hq/sys1/sink/chtest"
 )
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
 
 func freePort(t *testing.T) int {
 	t.Helper()
@@ -37,6 +50,8 @@ func TestWorkerIsOneProcessDeployment(t *testing.T) {
 	t.Setenv("SYS1_CLICKHOUSE_DATABASE", db.Name)
 	t.Setenv("SYS1_SINK_BATCH_AGE", "100ms")
 	t.Setenv("SYS1_LOG_LEVEL", "debug")
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	t.Setenv("SYS1_HTTP_ADDR", httpAddr)
 
 	ctx, stop := context.WithCancel(context.Background())
 	var stderr syncBuf
@@ -75,6 +90,17 @@ func TestWorkerIsOneProcessDeployment(t *testing.T) {
 			t.Fatalf("the run never reached ClickHouse; worker log:\n%s", stderr.String())
 		}
 		<-time.After(100 * time.Millisecond)
+	}
+
+	// One /metrics for the process: the worker's counters and the in-process sink's.
+	metrics := httpGet(t, "http://"+httpAddr+"/metrics")
+	for _, want := range []string{"sys1_worker_runs_succeeded_total{worker=", "sys1_sink_inserted_total 1"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, metrics)
+		}
+	}
+	if got := httpGet(t, "http://"+httpAddr+"/readyz"); !strings.Contains(got, "ready") {
+		t.Errorf("/readyz: %q", got)
 	}
 
 	stop()

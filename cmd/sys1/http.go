@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// HTTPConfig is the operational HTTP endpoint of long-running commands (/healthz, /metrics,
+// and for workers /readyz). Empty: no endpoint.
+type HTTPConfig struct {
+	Addr string `env:"SYS1_HTTP_ADDR"`
+}
+
+// Validate checks the listen address.
+func (c *HTTPConfig) Validate() []error {
+	if c.Addr == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return []error{fmt.Errorf("SYS1_HTTP_ADDR: %q is not host:port (e.g. :8080): %v", c.Addr, err)}
+	}
+	return nil
+}
+
+// serveHTTP listens on addr and serves h until stop is called. A listen failure is returned
+// at once (a port already in use is a configuration error, not something to discover later).
+func serveHTTP(addr string, h http.Handler, log zerolog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("SYS1_HTTP_ADDR %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error().Err(err).Msg("HTTP server failed")
+		}
+	}()
+	log.Info().Str("addr", ln.Addr().String()).Msg("serving operational HTTP endpoints")
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
+}
