@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sys1hq/sys1/contract"
 )
 
 // DefaultTimeout is SYS1_TIMEOUT_MS's default.
@@ -25,25 +27,9 @@ type Config struct {
 	TimeoutMS string `env:"SYS1_TIMEOUT_MS" envDefault:"30000"`
 }
 
-// Secret is a string that never prints: fmt, %+v of a config and JSON all show [REDACTED].
-type Secret string
-
-// String redacts the secret.
-func (s Secret) String() string {
-	if s == "" {
-		return ""
-	}
-	return "[REDACTED]"
-}
-
-// GoString redacts the secret for %#v.
-func (s Secret) GoString() string { return `"` + s.String() + `"` }
-
-// MarshalText redacts the secret in encoders (JSON, zerolog's Interface).
-func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
-
-// Reveal returns the secret itself, for the Authorization header only.
-func (s Secret) Reveal() string { return string(s) }
+// Secret is the one secret type of sys1's configuration: it never prints (see
+// contract.Secret).
+type Secret = contract.Secret
 
 // baseURL returns the configured base URL and the variable it came from.
 func (c *Config) baseURL() (raw, variable string) {

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/sys1hq/sys1/contract"
 )
 
 // The auth modes of SYS1_AUTH_MODE.
@@ -166,20 +168,6 @@ func cleanList(in []string) []string {
 	return out
 }
 
-// Secret is a string that never prints: fmt, %v of a Config, JSON and text marshalling all show
-// "[redacted]", so a config dump in a log line cannot leak it.
-type Secret string
-
-const redacted = "[redacted]"
-
-func (s Secret) String() string   { return redacted }
-func (s Secret) GoString() string { return redacted }
-
-// MarshalText keeps the value out of JSON and other text encodings.
-func (s Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
-
-// UnmarshalText stores the value as given (environment parsing goes through it).
-func (s *Secret) UnmarshalText(b []byte) error { *s = Secret(b); return nil }
-
-// Reveal returns the secret value, for the one place that must use it.
-func (s Secret) Reveal() string { return string(s) }
+// Secret is the one secret type of sys1's configuration: it never prints (see
+// contract.Secret).
+type Secret = contract.Secret

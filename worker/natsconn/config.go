@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/sys1hq/sys1/contract"
 )
 
 // Config is how sys1 components reach NATS (environment SYS1_NATS_*). With SYS1_NATS_URL unset
@@ -225,19 +226,6 @@ func RedactURLs(urls string) string {
 	return strings.Join(out, ",")
 }
 
-// Secret is a string that never prints: fmt, JSON and text marshalling show "[redacted]".
-type Secret string
-
-const redacted = "[redacted]"
-
-func (s Secret) String() string   { return redacted }
-func (s Secret) GoString() string { return redacted }
-
-// MarshalText keeps the value out of JSON and other text encodings.
-func (s Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
-
-// UnmarshalText stores the value as given (environment parsing goes through it).
-func (s *Secret) UnmarshalText(b []byte) error { *s = Secret(b); return nil }
-
-// Reveal returns the secret value, for the one place that must use it.
-func (s Secret) Reveal() string { return string(s) }
+// Secret is the one secret type of sys1's configuration: it never prints (see
+// contract.Secret).
+type Secret = contract.Secret
