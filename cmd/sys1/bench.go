@@ -216,11 +216,19 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		out.ProviderBound = bound
 		out.Efficiency = rep.Throughput / bound
 	}
-	if f.self && f.replicas > 0 && rep.ProviderTime.Count > 0 {
-		// Little's law: calls in flight on average = throughput × mean call time. Over the
-		// slots it is how busy the worker kept the provider, whatever the provider's own
-		// overhead on top of its nominal latency.
-		out.ProviderUtilisation = rep.Throughput * rep.ProviderTime.MeanMS / 1000 / float64(f.replicas*f.concurrency)
+	if f.self && f.replicas > 0 && rep.ElapsedMS > 0 && rep.Succeeded > 0 {
+		// How busy the worker kept the provider's slots: the fake's own summed call time over
+		// the run's window and the slots (exact, where the attempts' latency_ms is rounded
+		// down to whole milliseconds), whatever the provider's overhead on its nominal latency.
+		busy := self.ProviderBusy()
+		out.ProviderUtilisation = busy.Seconds() / (rep.ElapsedMS / 1000) / float64(f.replicas*f.concurrency)
+		var calls int64
+		for _, st := range self.Stats() {
+			calls += st.ProviderCalls
+		}
+		if calls > 0 {
+			out.ProviderMeanCallMS = float64(busy.Microseconds()) / 1000 / float64(calls)
+		}
 	}
 	if err := out.write(stdout, f.jsonOut); err != nil {
 		fmt.Fprintf(stderr, "sys1 bench: %v\n", err)
@@ -314,6 +322,10 @@ type benchOutput struct {
 	// ProviderUtilisation is the average share of the provider slots (replicas × concurrency)
 	// in use: throughput × mean provider time ÷ slots (--self).
 	ProviderUtilisation float64 `json:"provider_utilisation,omitempty"`
+	// ProviderMeanCallMS is the fake's mean call time (--self): against the nominal
+	// --provider-latency it is the provider's own overhead, which efficiency counts and
+	// utilisation does not.
+	ProviderMeanCallMS float64 `json:"provider_mean_call_ms,omitempty"`
 }
 
 func (o benchOutput) write(w io.Writer, asJSON bool) error {
@@ -342,7 +354,7 @@ func (o benchOutput) write(w io.Writer, asJSON bool) error {
 		fmt.Fprintf(w, "efficiency    %.3f of the provider bound %.0f/s (replicas × concurrency ÷ provider latency)\n", o.Efficiency, o.ProviderBound)
 	}
 	if o.ProviderUtilisation > 0 {
-		fmt.Fprintf(w, "utilisation   %.3f of the provider slots busy on average (throughput × mean provider time ÷ slots)\n", o.ProviderUtilisation)
+		fmt.Fprintf(w, "utilisation   %.3f of the provider slots busy on average (the fake's summed call time ÷ elapsed ÷ slots; mean call %.2f ms)\n", o.ProviderUtilisation, o.ProviderMeanCallMS)
 	}
 	return nil
 }

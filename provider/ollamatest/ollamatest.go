@@ -123,6 +123,7 @@ type Server struct {
 	apiKey      string
 	recordLimit int
 	latency     atomic.Int64
+	busy        atomic.Int64 // nanoseconds spent serving /v1/systemone calls, summed
 
 	mu     sync.Mutex
 	rules  []rule
@@ -284,9 +285,15 @@ func (s *Server) SystemOneRequests() []Recorded {
 	return out
 }
 
+// BusyTime is the time spent serving /v1/systemone calls, summed over calls: divided by a
+// wall-clock window and a number of slots, how busy the callers kept this provider. Unlike the
+// attempts' whole-millisecond latency_ms it has no rounding.
+func (s *Server) BusyTime() time.Duration { return time.Duration(s.busy.Load()) }
+
 // ResetStats zeroes the counters (not the in-flight gauge) and forgets recorded requests.
 func (s *Server) ResetStats() {
 	s.calls.Store(0)
+	s.busy.Store(0)
 	s.maxInFlight.Store(s.inFlight.Load())
 	s.mu.Lock()
 	s.records = nil
@@ -405,6 +412,8 @@ func (s *Server) hasModel(name string) bool {
 }
 
 func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now()
+	defer func() { s.busy.Add(int64(time.Since(arrived))) }()
 	s.calls.Add(1)
 	cur := s.inFlight.Add(1)
 	defer s.inFlight.Add(-1)

@@ -483,3 +483,20 @@ func TestRecordingOff(t *testing.T) {
 		t.Fatalf("recording off kept %d requests (calls %d)", n, srv.Calls())
 	}
 }
+
+func TestBusyTimeSumsCallTime(t *testing.T) {
+	srv := ollamatest.New(t, ollamatest.WithLatency(15*time.Millisecond))
+	for range 3 {
+		if status, _, body := post(t, srv, ticket); status != http.StatusOK {
+			t.Fatalf("status %d: %s", status, body)
+		}
+	}
+	// Three calls of at least the latency each: exact sums, no whole-millisecond rounding.
+	if got := srv.BusyTime(); got < 45*time.Millisecond || got > 10*time.Second {
+		t.Errorf("BusyTime %s for three 15ms calls", got)
+	}
+	srv.ResetStats()
+	if got := srv.BusyTime(); got != 0 {
+		t.Errorf("after ResetStats: %s", got)
+	}
+}

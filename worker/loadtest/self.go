@@ -144,6 +144,9 @@ func (s *Self) URL() string { return s.srv.ClientURL() }
 // ProviderURL is the fake Ollama's base URL (what SYS1_OLLAMA_BASE_URL would hold).
 func (s *Self) ProviderURL() string { return s.fake.URL() }
 
+// ProviderBusy is the fake Ollama's summed call time (see ollamatest.Server.BusyTime).
+func (s *Self) ProviderBusy() time.Duration { return s.fake.BusyTime() }
+
 func (s *Self) ensureTopology(ctx context.Context, topo topology.Config) error {
 	nc, err := s.Connect()
 	if err != nil {
