@@ -124,6 +124,7 @@ type Server struct {
 	recordLimit int
 	latency     atomic.Int64
 	busy        atomic.Int64 // nanoseconds spent serving /v1/systemone calls, summed
+	lateness    atomic.Int64 // recent average timer lateness, in nanoseconds (see wait)
 
 	mu     sync.Mutex
 	rules  []rule
@@ -431,7 +432,7 @@ func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
 	s.record(r, body)
 
 	fault, faulty := s.nextFault(body)
-	if !s.wait(w, r, time.Duration(s.latency.Load())+fault.Delay) {
+	if !s.wait(w, r, arrived.Add(time.Duration(s.latency.Load())+fault.Delay)) {
 		return
 	}
 	if faulty {
@@ -499,7 +500,13 @@ func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
 
 // wait sleeps for d unless the request or the server ends first; it reports whether to go on.
 // A server closing mid-wait drops the connection so the client never reads an empty 200.
-func (s *Server) wait(w http.ResponseWriter, r *http.Request, d time.Duration) bool {
+func (s *Server) wait(w http.ResponseWriter, r *http.Request, until time.Time) bool {
+	// Timers fire late on a busy machine (by most of a millisecond on a loaded 2-core guest),
+	// which would make every call slower than the latency asked for and charge the fake's
+	// imprecision to whatever is measured through it. So each wait ends earlier by the
+	// recent average lateness, and the lateness actually seen is folded back in.
+	early := time.Duration(s.lateness.Load())
+	d := time.Until(until) - early
 	if d <= 0 {
 		return true
 	}
@@ -507,6 +514,15 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request, d time.Duration) b
 	defer t.Stop()
 	select {
 	case <-t.C:
+		late := time.Since(until.Add(-early))
+		// An exponentially weighted average (1/16 of each new sample), never negative.
+		for {
+			old := s.lateness.Load()
+			next := max(old+(int64(late)-old)/16, 0)
+			if s.lateness.CompareAndSwap(old, next) {
+				break
+			}
+		}
 		return true
 	case <-r.Context().Done():
 		return false
