@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -196,20 +197,10 @@ func (r *run) callProvider(ctx context.Context, deadline time.Time) (*contract.R
 	}
 	// Tell JetStream we are alive whenever a call runs past a third of AckWait, so a slow
 	// model is not mistaken for a dead replica.
-	stopBeat := make(chan struct{})
-	defer close(stopBeat)
-	go func() {
-		t := time.NewTicker(max(w.opt.Topology.AckWait/3, 10*time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				_ = r.msg.InProgress()
-			case <-stopBeat:
-				return
-			}
-		}
-	}()
+	// A timer, not a goroutine with a ticker: most calls end long before the first beat, and
+	// a timer costs nothing until it fires.
+	beat := newHeartbeat(max(w.opt.Topology.AckWait/3, 10*time.Millisecond), func() { _ = r.msg.InProgress() })
+	defer beat.stop()
 
 	// Providers log through the context's logger, so their lines carry this run's run_id.
 	callCtx = r.log.WithContext(callCtx)
@@ -306,4 +297,33 @@ func (r *run) failAfterPanic(ctx context.Context) {
 		}
 	}()
 	r.finish(ctx, nil, contract.Errorf(contract.CodeInternal, "internal error in the worker; the run was not completed"))
+}
+
+// heartbeat calls beat every interval until stopped.
+type heartbeat struct {
+	mu      sync.Mutex
+	t       *time.Timer
+	stopped bool
+}
+
+func newHeartbeat(interval time.Duration, beat func()) *heartbeat {
+	h := &heartbeat{}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.t = time.AfterFunc(interval, func() {
+		beat()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if !h.stopped {
+			h.t.Reset(interval)
+		}
+	})
+	return h
+}
+
+func (h *heartbeat) stop() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stopped = true
+	h.t.Stop()
 }
