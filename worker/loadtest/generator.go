@@ -219,14 +219,17 @@ type generator struct {
 	// answeredCh is signalled (non-blocking) on every reply so await notices the end.
 	answeredCh chan struct{}
 
-	mu          sync.Mutex
-	pending     map[string]time.Time // run id → publish start
-	clock       time.Time            // throughput clock start
-	last        time.Time            // last reply
-	succeeded   int
-	failedBy    map[string]int
-	dups        int
-	latency     []time.Duration
+	mu        sync.Mutex
+	pending   map[string]time.Time // run id → publish start
+	clock     time.Time            // throughput clock start
+	last      time.Time            // last reply
+	succeeded int
+	failedBy  map[string]int
+	dups      int
+	latency   []time.Duration
+	// bodies are the answered replies, decoded only when the report is made: parsing JSON
+	// while the run goes on would take CPU from the deployment being measured.
+	bodies      [][]byte
 	queueWait   []time.Duration
 	providerMS  []time.Duration
 	firstPubErr string
@@ -311,8 +314,6 @@ type replyView struct {
 func (g *generator) onReply(msg *nats.Msg) {
 	now := time.Now()
 	runID := msg.Header.Get(client.HeaderRunID)
-	var v replyView
-	parseErr := json.Unmarshal(msg.Data, &v)
 
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -324,29 +325,37 @@ func (g *generator) onReply(msg *nats.Msg) {
 	delete(g.pending, runID)
 	g.last = now
 	g.latency = append(g.latency, now.Sub(sentAt))
-	switch {
-	case parseErr != nil:
-		g.failedBy["unparseable_reply"]++
-	case v.Status == "success":
-		g.succeeded++
-	default:
-		code := "unknown"
-		if v.Error != nil && v.Error.Code != "" {
-			code = v.Error.Code
-		}
-		g.failedBy[code]++
-	}
-	if parseErr == nil {
-		g.queueWait = append(g.queueWait, time.Duration(v.QueuedMS)*time.Millisecond)
-		for _, a := range v.Attempts {
-			g.providerMS = append(g.providerMS, time.Duration(a.LatencyMS)*time.Millisecond)
-		}
-	}
+	g.bodies = append(g.bodies, msg.Data) // a fresh slice per message: safe to keep
 	g.answered.Add(1)
 	select {
 	case g.answeredCh <- struct{}{}:
 	default:
 	}
+}
+
+// tally decodes the answered replies into outcomes, queue waits and provider times.
+func (g *generator) tally() {
+	for _, body := range g.bodies {
+		var v replyView
+		if err := json.Unmarshal(body, &v); err != nil {
+			g.failedBy["unparseable_reply"]++
+			continue
+		}
+		if v.Status == "success" {
+			g.succeeded++
+		} else {
+			code := "unknown"
+			if v.Error != nil && v.Error.Code != "" {
+				code = v.Error.Code
+			}
+			g.failedBy[code]++
+		}
+		g.queueWait = append(g.queueWait, time.Duration(v.QueuedMS)*time.Millisecond)
+		for _, a := range v.Attempts {
+			g.providerMS = append(g.providerMS, time.Duration(a.LatencyMS)*time.Millisecond)
+		}
+	}
+	g.bodies = nil
 }
 
 // await waits until every published run is answered, no reply arrives for ReplyTimeout, or
@@ -375,6 +384,7 @@ func (g *generator) await(ctx context.Context) {
 func (g *generator) report(published time.Time) *Report {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.tally()
 	r := &Report{
 		Sent:              int(g.sent.Load()),
 		Succeeded:         g.succeeded,
