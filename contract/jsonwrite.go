@@ -12,8 +12,12 @@ import (
 
 const hexDigits = "0123456789abcdef"
 
-// appendString appends s as a JSON string with minimal escaping (quote, backslash, control
-// characters); invalid UTF-8 becomes U+FFFD, as encoding/json does.
+// AppendJSONString appends s as a JSON string with minimal escaping (quote, backslash, control
+// characters; '<', '>' and '&' are left alone, unlike encoding/json); invalid UTF-8 becomes
+// U+FFFD, as encoding/json does. Every hand-written JSON encoder in sys1 uses it.
+func AppendJSONString(b []byte, s string) []byte { return appendString(b, s) }
+
+// appendString is AppendJSONString.
 func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
 	start := 0

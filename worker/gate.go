@@ -118,9 +118,9 @@ func (g gate) save(ctx context.Context, runID string, st *runState, rev uint64) 
 func (st *runState) encode() ([]byte, error) {
 	b := make([]byte, 0, 192+160*len(st.Attempts)+len(st.Reply)+len(st.Record))
 	b = append(b, `{"caller":`...)
-	b = appendJSONString(b, st.Caller)
+	b = contract.AppendJSONString(b, st.Caller)
 	b = append(b, `,"status":`...)
-	b = appendJSONString(b, st.Status)
+	b = contract.AppendJSONString(b, st.Status)
 	b = append(b, `,"stream_seq":`...)
 	b = strconv.AppendUint(b, st.StreamSeq, 10)
 	b = append(b, `,"started_at":`...)
@@ -139,7 +139,7 @@ func (st *runState) encode() ([]byte, error) {
 	}
 	if st.ReplyTo != "" {
 		b = append(b, `,"reply_to":`...)
-		b = appendJSONString(b, st.ReplyTo)
+		b = contract.AppendJSONString(b, st.ReplyTo)
 	}
 	// Reply and Record are JSON this worker encoded (or read back from an entry it wrote).
 	if len(st.Reply) > 0 {
@@ -152,15 +152,9 @@ func (st *runState) encode() ([]byte, error) {
 	}
 	if st.Subject != "" {
 		b = append(b, `,"record_subject":`...)
-		b = appendJSONString(b, st.Subject)
+		b = contract.AppendJSONString(b, st.Subject)
 	}
 	return append(b, '}'), nil
-}
-
-// appendJSONString appends s as encoding/json spells a string.
-func appendJSONString(b []byte, s string) []byte {
-	q, _ := json.Marshal(s) // a string always encodes
-	return append(b, q...)
 }
 
 // messageGone reports whether the request message at seq has left the request stream (acked,

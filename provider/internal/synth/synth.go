@@ -18,7 +18,8 @@ package synth
 import (
 	"math"
 	"strconv"
-	"unicode/utf8"
+
+	"github.com/sys1hq/sys1/contract"
 )
 
 // Question types, as spelled on the wire.
@@ -299,50 +300,8 @@ func appendFloat(dst []byte, f float64) []byte {
 	return strconv.AppendFloat(dst, f, 'g', -1, 64)
 }
 
-const hexDigits = "0123456789abcdef"
-
-// AppendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD, as encoding/json
-// does; HTML characters are left alone (this is an API body, not a web page).
-func AppendString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		b := s[i]
-		if b < utf8.RuneSelf {
-			if b >= 0x20 && b != '"' && b != '\\' {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch b {
-			case '"', '\\':
-				dst = append(dst, '\\', b)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
-}
+// AppendString appends s as a JSON string (see contract.AppendJSONString).
+func AppendString(dst []byte, s string) []byte { return contract.AppendJSONString(dst, s) }
 
 // seedOf is the hash of model and state every answer of one response starts from.
 func seedOf(model string, state []byte) uint64 { return hashBytes(hashString(offset64, model), state) }
