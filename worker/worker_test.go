@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -821,4 +824,75 @@ func TestNothingIsLostWhenNATSRestarts(t *testing.T) {
 			t.Errorf("run %d: %s %s", i, rec.ErrorCode, rec.ErrorMessage)
 		}
 	}
+}
+
+func TestOperationalEndpoints(t *testing.T) {
+	h := newHarness(t, ollamatest.WithVersion("0.35.1"), ollamatest.WithModels("nimble"))
+	r := h.start()
+	if rep := h.decide("svc-a", []byte(ticket)); rep.Status != contract.StatusSuccess {
+		t.Fatalf("reply %s", rep.Raw)
+	}
+	srv := httptest.NewServer(r.w.Handler())
+	defer srv.Close()
+	get := func(path string) (int, string) {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz %d", code)
+	}
+	if code, body := get("/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz %d: %s", code, body)
+	}
+	code, body := get("/metrics")
+	if code != http.StatusOK || !strings.Contains(body, `sys1_worker_runs_succeeded_total{worker="test-worker"} 1`) ||
+		!strings.Contains(body, `sys1_worker_provider_calls_total{worker="test-worker"} 1`) {
+		t.Errorf("/metrics %d:\n%s", code, body)
+	}
+	// An Ollama too old for System One makes the replica unready, saying why.
+	h.fake.SetVersion("0.34.0")
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "0.34.0") {
+		t.Errorf("/readyz with an old Ollama: %d %s", code, body)
+	}
+}
+
+func TestRunThatNoDeliveryFinishesEndsAfterMaxDeliver(t *testing.T) {
+	h := newHarness(t)
+	h.topo.AckWait = time.Second
+	// Replica A takes the run and dies in the provider call without recording anything.
+	stuck := &blocking{Provider: h.ollama(time.Second), release: make(chan struct{})}
+	t.Cleanup(func() { close(stuck.release) })
+	a := h.start(func(o *replicaOpts) {
+		o.provider = stuck
+		o.cfg.ID = "replica-a"
+		o.cfg.Concurrency = 1
+		o.cfg.FetchBatch = 1
+	})
+	inbox := nats.NewInbox()
+	sub, _ := h.nc.SubscribeSync(inbox)
+	if _, err := h.cl.Publish(context.Background(), client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "doomed-1", ReplyTo: inbox}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "A holds the run", 10*time.Second, func() bool { return stuck.started.Load() == 1 })
+	a.nc.Close()
+	// Replica B allows a single delivery: the redelivery is past it, so B answers instead of
+	// scoring, with why, rather than trying forever.
+	h.start(func(o *replicaOpts) { o.cfg.ID = "replica-b"; o.cfg.MaxDeliver = 1 })
+	m, err := sub.NextMsg(20 * time.Second)
+	if err != nil {
+		t.Fatalf("no reply: %v", err)
+	}
+	rep, _ := client.ParseReply(m)
+	if rep.Status != contract.StatusFailed || rep.Error.Code != contract.CodeInternal || !strings.Contains(rep.Error.Message, "no delivery finished the run in 2 deliveries") {
+		t.Fatalf("reply %s", rep.Raw)
+	}
+	if h.fake.Calls() != 0 {
+		t.Errorf("B scored a run past its deliveries: %d calls", h.fake.Calls())
+	}
+	waitFor(t, "record", 5*time.Second, func() bool { return len(h.records()) == 1 })
 }
