@@ -19,9 +19,7 @@ func BenchmarkSink(b *testing.B) {
 		b.ResetTimer()
 		start := time.Now()
 		s := e.startSink(b, e.cfg, nil)
-		for s.Stats().Inserted < uint64(b.N) {
-			time.Sleep(time.Millisecond) // polling interval
-		}
+		waitFor(b, 10*time.Minute, "every record inserted", func() bool { return s.Stats().Inserted >= uint64(b.N) })
 		elapsed := time.Since(start)
 		b.StopTimer()
 		s.stop(b)

@@ -124,16 +124,10 @@ func (e *testEnv) startSink(tb testing.TB, cfg Config, hook func(s *Sink)) *runn
 	return r
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor polls cond until it holds or within passes (natstest.WaitFor).
 func waitFor(tb testing.TB, within time.Duration, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval, not synchronisation
-	}
+	natstest.WaitFor(tb, within, what, cond)
 }
 
 // consumerDrained reports whether the sink consumer has nothing pending or unacked.

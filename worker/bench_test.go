@@ -161,7 +161,7 @@ func TestDeadlinePassingWhileWaitingForAProviderSlot(t *testing.T) {
 	if _, err := h.cl.Publish(context.Background(), client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "slot-holder"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the first run to occupy the only provider slot", 30*time.Second, func() bool { return h.fake.InFlight() == 1 })
+	h.awaitInFlight(1)
 	rep := h.decide("svc-a", []byte(ticket), func(req *client.Request) {
 		req.RunID = "slot-waiter"
 		req.Deadline = time.Now().Add(300 * time.Millisecond)

@@ -287,20 +287,20 @@ func (h *harness) recordByRun(runID string) contract.RunRecord {
 	return found[0]
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// awaitInFlight waits until n calls are in flight at the fake (an event, not a poll).
+func (h *harness) awaitInFlight(n int64) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.fake.AwaitInFlight(ctx, n); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// waitFor polls cond until it holds or d passes (natstest.WaitFor).
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		case <-tick.C:
-		}
-	}
+	natstest.WaitFor(t, d, what, cond)
 }
 
 // pending is the number of request messages not yet settled.

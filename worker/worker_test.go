@@ -504,7 +504,7 @@ func TestGracefulShutdownFinishesInFlightRuns(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "4 calls in flight", 10*time.Second, func() bool { return h.fake.InFlight() == 4 })
+	h.awaitInFlight(4)
 	if err := r.stop(t); err != nil {
 		t.Fatalf("Run returned %v", err)
 	}
@@ -532,7 +532,7 @@ func TestShutdownPastGraceNaksAndAnotherReplicaFinishes(t *testing.T) {
 	if _, err := h.cl.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "late-1", ReplyTo: inbox}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "call in flight", 10*time.Second, func() bool { return h.fake.InFlight() == 1 })
+	h.awaitInFlight(1)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}

@@ -124,16 +124,10 @@ func TestSinkCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The sink creates SYS1_RUNS; publish once it exists.
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if _, err := js.Stream(ctx, "SYS1_RUNS"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the sink did not create SYS1_RUNS; stderr:\n%s", stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
-	}
+	natstest.WaitFor(t, time.Minute, "the sink to create SYS1_RUNS", func() bool {
+		_, err := js.Stream(ctx, "SYS1_RUNS")
+		return err == nil
+	})
 	const n = 20
 	for i := range n {
 		rec := contract.RunRecord{SchemaVersion: 1, RunID: fmt.Sprintf("cmd-%d", i), Caller: "cli", Status: contract.StatusSuccess,
@@ -143,13 +137,9 @@ func TestSinkCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline = time.Now().Add(time.Minute)
-	for db.Count(t, "SELECT count() FROM `"+db.Name+"`.runs FINAL") != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("rows did not arrive; stderr:\n%s", stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
-	}
+	natstest.WaitFor(t, time.Minute, "the rows in ClickHouse", func() bool {
+		return db.Count(t, "SELECT count() FROM `"+db.Name+"`.runs FINAL") == n
+	})
 	// The operational endpoint shows what the sink did (and its lag, for alerting).
 	metrics := httpGet(t, "http://"+httpAddr+"/metrics")
 	for _, want := range []string{"sys1_sink_inserted_total 20", "sys1_sink_retrying 0", "# TYPE sys1_sink_lag_records gauge"} {

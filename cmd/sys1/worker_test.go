@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sys1hq/sys1/sink/chtest"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
 func httpGet(t *testing.T, url string) string {
@@ -60,17 +61,14 @@ func TestWorkerIsOneProcessDeployment(t *testing.T) {
 	t.Cleanup(stop)
 
 	// Once the worker has read its environment, point the client at its embedded server.
-	waitStart := time.Now().Add(30 * time.Second)
-	for !strings.Contains(stderr.String(), "worker started") {
+	natstest.WaitFor(t, 30*time.Second, "the worker to start", func() bool {
 		select {
 		case c := <-exited:
 			t.Fatalf("worker exited with %d:\n%s", c, stderr.String())
-		case <-time.After(20 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(waitStart) {
-			t.Fatalf("worker did not start:\n%s", stderr.String())
-		}
-	}
+		return strings.Contains(stderr.String(), "worker started")
+	})
 	t.Setenv("SYS1_NATS_URL", fmt.Sprintf("nats://127.0.0.1:%d", port))
 	ticket := filepath.Join("..", "..", "contract", "examples", "ticket.json")
 	code, out, errOut := decide(t, "--run-id", "one-process-1", "--timeout", "20s", ticket)
@@ -78,19 +76,12 @@ func TestWorkerIsOneProcessDeployment(t *testing.T) {
 		t.Fatalf("decide: exit %d\n%s\n%s\nworker:\n%s", code, out, errOut, stderr.String())
 	}
 
-	waitRow := time.Now().Add(30 * time.Second)
-	for {
-		// The in-process sink migrates in the background: until it has, the table is missing.
+	// The in-process sink migrates in the background: until it has, the table is missing.
+	natstest.WaitFor(t, 30*time.Second, "the run in ClickHouse", func() bool {
 		var n uint64
 		err := db.Conn.QueryRow(context.Background(), "SELECT count() FROM `"+db.Name+"`.runs FINAL WHERE run_id = 'one-process-1' AND provider = 'simulator' AND status = 'success'").Scan(&n)
-		if err == nil && n == 1 {
-			break
-		}
-		if time.Now().After(waitRow) {
-			t.Fatalf("the run never reached ClickHouse; worker log:\n%s", stderr.String())
-		}
-		<-time.After(100 * time.Millisecond)
-	}
+		return err == nil && n == 1
+	})
 
 	// One /metrics for the process: the worker's counters and the in-process sink's.
 	metrics := httpGet(t, "http://"+httpAddr+"/metrics")

@@ -285,9 +285,10 @@ func TestTimeoutVersusCancel(t *testing.T) {
 			_, err := c.Evaluate(ctx, req)
 			done <- err
 		}()
-		deadline := time.Now().Add(5 * time.Second)
-		for srv.InFlight() == 0 && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
+		wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer wcancel()
+		if err := srv.AwaitInFlight(wctx, 1); err != nil {
+			t.Fatal(err)
 		}
 		cancel()
 		err := <-done

@@ -15,6 +15,7 @@
 package ollamatest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -134,10 +135,14 @@ type Server struct {
 	records []Recorded
 	next    int
 
-	calls       atomic.Int64
-	conns       atomic.Int64
-	inFlight    atomic.Int64
-	maxInFlight atomic.Int64
+	calls    atomic.Int64
+	conns    atomic.Int64
+	inFlight atomic.Int64
+	// inFlightChanged is closed (and replaced) whenever inFlight changes: AwaitInFlight's
+	// signal, so tests wait on the event instead of polling.
+	inFlightMu      sync.Mutex
+	inFlightChanged chan struct{}
+	maxInFlight     atomic.Int64
 
 	done      chan struct{} // closed by Close: releases hanging handlers
 	closeOnce sync.Once
@@ -416,8 +421,8 @@ func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
 	defer func() { s.busy.Add(int64(time.Since(arrived))) }()
 	s.calls.Add(1)
-	cur := s.inFlight.Add(1)
-	defer s.inFlight.Add(-1)
+	cur := s.addInFlight(1)
+	defer s.addInFlight(-1)
 	for {
 		old := s.maxInFlight.Load()
 		if cur <= old || s.maxInFlight.CompareAndSwap(old, cur) {
@@ -596,4 +601,37 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
+}
+
+// addInFlight changes the in-flight count and wakes AwaitInFlight.
+func (s *Server) addInFlight(d int64) int64 {
+	s.inFlightMu.Lock()
+	defer s.inFlightMu.Unlock()
+	n := s.inFlight.Add(d)
+	if s.inFlightChanged != nil {
+		close(s.inFlightChanged)
+		s.inFlightChanged = nil
+	}
+	return n
+}
+
+// AwaitInFlight blocks until exactly n /v1/systemone calls are in flight, or ctx ends.
+func (s *Server) AwaitInFlight(ctx context.Context, n int64) error {
+	for {
+		s.inFlightMu.Lock()
+		if s.inFlight.Load() == n {
+			s.inFlightMu.Unlock()
+			return nil
+		}
+		if s.inFlightChanged == nil {
+			s.inFlightChanged = make(chan struct{})
+		}
+		changed := s.inFlightChanged
+		s.inFlightMu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("ollamatest: waiting for %d calls in flight (now %d): %w", n, s.inFlight.Load(), ctx.Err())
+		}
+	}
 }

@@ -45,15 +45,13 @@ func postCtx(t *testing.T, ctx context.Context, srv *ollamatest.Server, body str
 	return resp.StatusCode, resp.Header, b
 }
 
-// waitFor polls cond until it holds or a deadline passes: synchronisation without sleeps.
-func waitFor(t *testing.T, what string, cond func() bool) {
+// awaitInFlight waits (5 s at most) until n calls are in flight at srv.
+func awaitInFlight(t *testing.T, srv *ollamatest.Server, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.AwaitInFlight(ctx, n); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -313,12 +311,12 @@ func TestHangEndsWithTheClientAndDropResets(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitFor(t, "the hanging call to be in flight", func() bool { return srv.InFlight() == 1 })
+	awaitInFlight(t, srv, 1)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("hung call ended with %v, want context.Canceled", err)
 	}
-	waitFor(t, "the hanging handler to return", func() bool { return srv.InFlight() == 0 })
+	awaitInFlight(t, srv, 0)
 
 	srv.Fail(1, ollamatest.Drop())
 	req, _ := http.NewRequest(http.MethodPost, srv.URL()+"/v1/systemone", strings.NewReader(ticket))
@@ -341,7 +339,7 @@ func TestCloseReleasesHangingCalls(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitFor(t, "the hanging call", func() bool { return srv.InFlight() == 1 })
+	awaitInFlight(t, srv, 1)
 	srv.Close()
 	if err := <-done; err == nil || strings.Contains(err.Error(), "answered") {
 		t.Fatalf("a call hanging at Close must fail at the transport, got %v", err)
@@ -365,10 +363,10 @@ func TestCountsMaxConcurrency(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, "all calls in flight", func() bool { return srv.InFlight() == n })
+	awaitInFlight(t, srv, n)
 	cancel()
 	wg.Wait()
-	waitFor(t, "all calls done", func() bool { return srv.InFlight() == 0 })
+	awaitInFlight(t, srv, 0)
 	if srv.MaxConcurrent() != n || srv.Calls() != n {
 		t.Fatalf("max concurrent %d calls %d, want %d", srv.MaxConcurrent(), srv.Calls(), n)
 	}
@@ -387,7 +385,7 @@ func TestLatencyHonoursTheClientContext(t *testing.T) {
 		resp.Body.Close()
 		t.Fatal("a call delayed by an hour answered")
 	}
-	waitFor(t, "the delayed handler to give up", func() bool { return srv.InFlight() == 0 })
+	awaitInFlight(t, srv, 0)
 	srv.SetLatency(0)
 	if status, _, _ := post(t, srv, ticket); status != 200 {
 		t.Fatalf("status %d", status)

@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
 func TestNoneModeIsAnonymousAndWarns(t *testing.T) {
@@ -592,14 +593,8 @@ func TestJWKSPeriodicRefreshSurvivesOutages(t *testing.T) {
 	})
 }
 
-// waitUntil polls cond until it holds or a deadline passes.
+// waitUntil polls cond until it holds or 10 s pass (natstest.WaitFor).
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
-	}
+	natstest.WaitFor(t, 10*time.Second, what, cond)
 }

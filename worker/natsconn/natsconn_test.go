@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"github.com/rs/zerolog"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
 // syncBuffer collects log lines written from NATS callback goroutines.
@@ -41,16 +42,10 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor polls cond until it holds or 5 s pass (natstest.WaitFor).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval, not synchronisation
-	}
+	natstest.WaitFor(t, 5*time.Second, what, cond)
 }
 
 func startServer(t *testing.T, opts *server.Options) *server.Server {

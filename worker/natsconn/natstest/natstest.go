@@ -50,3 +50,21 @@ func Connect(tb testing.TB, srv *server.Server, opts ...nats.Option) (*nats.Conn
 	}
 	return nc, js
 }
+
+// WaitFor polls cond every few milliseconds until it holds, failing the test if within passes
+// first. It is for state a test can only observe by asking (a stream's contents, rows in
+// ClickHouse, a log line), never a stand-in for a signal the code under test could give.
+func WaitFor(tb testing.TB, within time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-deadline.C:
+			tb.Fatalf("timed out after %s waiting for %s", within, what)
+		case <-tick.C:
+		}
+	}
+}
