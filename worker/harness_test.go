@@ -1,14 +1,12 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,7 +35,7 @@ type harness struct {
 	js   jetstream.JetStream
 	fake *ollamatest.Server
 	topo topology.Config
-	logs *syncBuffer
+	logs *natstest.Buffer
 	cl   *client.Client
 	// NATS credentials, when the server requires them.
 	user, password string
@@ -64,7 +62,7 @@ func newHarnessWith(t *testing.T, serverOpts func(*server.Options), fakeOpts ...
 		user, password, storeDir = o.Username, o.Password, o.StoreDir
 	}
 	srv := natstest.Start(t, configure)
-	h := &harness{t: t, srv: srv, logs: &syncBuffer{}, user: user, password: password}
+	h := &harness{t: t, srv: srv, logs: &natstest.Buffer{}, user: user, password: password}
 	h.restartNATS = func() {
 		// The same store on the same port: NATS restarting, not a new NATS.
 		port := h.srv.Addr().(*net.TCPAddr).Port
@@ -325,22 +323,4 @@ func example(t *testing.T, name string) []byte {
 		t.Fatal(err)
 	}
 	return b
-}
-
-// syncBuffer collects log output from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
 type benchJSON struct {
@@ -145,7 +146,7 @@ func TestBenchUsageErrors(t *testing.T) {
 func TestBenchSelfHoldKeepsTheServerUntilInterrupted(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuf
+	var stdout, stderr natstest.Buffer
 	code := make(chan int, 1)
 	go func() {
 		code <- run(ctx, []string{"bench", "--self", "--hold", "-n", "5", "--concurrency", "2", "--provider-latency", "0s", "--progress", "never"}, &stdout, &stderr)

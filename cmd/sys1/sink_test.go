@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,24 +16,6 @@ import (
 	"github.com/sys1hq/sys1/sink/chtest"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
-
-// syncBuf is a goroutine-safe writer for a command's output.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestMigrateCommand(t *testing.T) {
 	db := chtest.New(t)
@@ -110,7 +91,7 @@ func TestSinkCommand(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stderr syncBuf
+	var stderr natstest.Buffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, []string{"sink"}, &bytes.Buffer{}, &stderr) }()
 

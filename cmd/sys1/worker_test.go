@@ -55,7 +55,7 @@ func TestWorkerIsOneProcessDeployment(t *testing.T) {
 	t.Setenv("SYS1_HTTP_ADDR", httpAddr)
 
 	ctx, stop := context.WithCancel(context.Background())
-	var stderr syncBuf
+	var stderr natstest.Buffer
 	exited := make(chan int, 1)
 	go func() { exited <- run(ctx, []string{"worker"}, &bytes.Buffer{}, &stderr) }()
 	t.Cleanup(stop)

@@ -23,7 +23,7 @@ import (
 )
 
 func TestNoneModeIsAnonymousAndWarns(t *testing.T) {
-	var logs syncBuffer
+	var logs natstest.Buffer
 	a := mustNew(t, DefaultConfig(), testLogger(&logs))
 	if a.Mode() != ModeNone {
 		t.Fatalf("mode %q", a.Mode())
@@ -79,7 +79,7 @@ type jwtCase struct {
 	caller  string
 }
 
-func runJWTCases(t *testing.T, a Authenticator, logs *syncBuffer, cases []jwtCase) {
+func runJWTCases(t *testing.T, a Authenticator, logs *natstest.Buffer, cases []jwtCase) {
 	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -136,7 +136,7 @@ func TestJWTWithJWKS(t *testing.T) {
 	cfg := jwtConfig()
 	cfg.JWKSURL = srv.URL
 	cfg.JWKSMinRefresh = time.Hour // no refetch storm from the unknown-kid cases below
-	var logs syncBuffer
+	var logs natstest.Buffer
 	a := mustNew(t, cfg, testLogger(&logs))
 	if a.Mode() != ModeJWT {
 		t.Fatalf("mode %q", a.Mode())
@@ -264,7 +264,7 @@ func TestJWTNamespacedRolesClaim(t *testing.T) {
 	cfg.JWKSURL = srv.URL
 	cfg.RolesClaim = "https://sys1.example.com/roles"
 	cfg.AllowedRoles = []string{"administrator", "sys1-user"}
-	var logs syncBuffer
+	var logs natstest.Buffer
 	a := mustNew(t, cfg, testLogger(&logs))
 
 	ns := claims()
@@ -290,7 +290,7 @@ func TestJWKSRotationPickedUpWithoutRestart(t *testing.T) {
 	cfg.JWKSURL = srv.URL
 	cfg.JWKSMinRefresh = 0
 	cfg.JWKSRefresh = time.Hour // only the unknown kid may cause the refetch
-	var logs syncBuffer
+	var logs natstest.Buffer
 	a := mustNew(t, cfg, testLogger(&logs))
 
 	c := claims()
@@ -355,7 +355,7 @@ func TestJWKSFile(t *testing.T) {
 	}
 	cfg := jwtConfig()
 	cfg.JWKSFile = path
-	var logs syncBuffer
+	var logs natstest.Buffer
 	a := mustNew(t, cfg, testLogger(&logs))
 	c := claims()
 	c["scp"] = []string{"sys1:use"}
@@ -381,7 +381,7 @@ func TestJWKSRejectsSymmetricAndEncryptionKeys(t *testing.T) {
 	cfg := jwtConfig()
 	cfg.JWKSURL = srv.URL
 	cfg.JWKSMinRefresh = time.Hour
-	var logs syncBuffer
+	var logs natstest.Buffer
 	a := mustNew(t, cfg, testLogger(&logs))
 	c := claims()
 	c["roles"] = []string{"administrator"}
@@ -406,7 +406,7 @@ func TestHS256Secret(t *testing.T) {
 	rs := rsaSigner(t, 0, "rsa-1")
 	cfg := jwtConfig()
 	cfg.HS256Secret = Secret(secret)
-	var logs syncBuffer
+	var logs natstest.Buffer
 	a := mustNew(t, cfg, testLogger(&logs))
 	c := claims()
 	c["roles"] = []string{"administrator"}
@@ -571,7 +571,7 @@ func TestJWKSPeriodicRefreshSurvivesOutages(t *testing.T) {
 	cfg.JWKSURL = srv.URL
 	cfg.JWKSRefresh = time.Second
 	cfg.JWKSMinRefresh = time.Hour // only the periodic refresh may fetch
-	var logs syncBuffer
+	var logs natstest.Buffer
 	a := mustNew(t, cfg, testLogger(&logs))
 	c := claims()
 	c["roles"] = []string{"administrator"}

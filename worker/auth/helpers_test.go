@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -23,6 +22,7 @@ import (
 	"github.com/lestrrat-go/jwx/v3/jwt"
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
 const (
@@ -200,25 +200,7 @@ func bearer(tok string) nats.Header {
 	return nats.Header{"Authorization": []string{"Bearer " + tok}}
 }
 
-// syncBuffer is a log sink safe for the background refresher and the test to share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func testLogger(buf *syncBuffer) zerolog.Logger {
+func testLogger(buf *natstest.Buffer) zerolog.Logger {
 	return zerolog.New(buf).Level(zerolog.DebugLevel)
 }
 

@@ -1,7 +1,6 @@
 package natsconn
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,24 +21,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
-
-// syncBuffer collects log lines written from NATS callback goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // waitFor polls cond until it holds or 5 s pass (natstest.WaitFor).
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -103,7 +83,7 @@ func TestConnectUserPassword(t *testing.T) {
 	const password = "pa55-w0rd-that-must-not-leak"
 	s := startServer(t, &server.Options{Users: []*server.User{{Username: "sys1-worker", Password: password}}})
 
-	var logs syncBuffer
+	var logs natstest.Buffer
 	cfg := remoteConfig(s)
 	cfg.User, cfg.Password = "sys1-worker", password
 	c, err := Connect(context.Background(), cfg, "test-worker", zerolog.New(&logs))
@@ -136,7 +116,7 @@ func TestConnectUserPassword(t *testing.T) {
 func TestConnectToken(t *testing.T) {
 	const token = "t0ken-that-must-not-leak"
 	s := startServer(t, &server.Options{Authorization: token})
-	var logs syncBuffer
+	var logs natstest.Buffer
 	cfg := remoteConfig(s)
 	cfg.Token = token
 	c, err := Connect(context.Background(), cfg, "t", zerolog.New(&logs))
@@ -164,7 +144,7 @@ func TestConnectNKey(t *testing.T) {
 	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs natstest.Buffer
 	cfg := remoteConfig(s)
 	cfg.NKeyFile = seedFile
 	c, err := Connect(context.Background(), cfg, "t", zerolog.New(&logs))
@@ -242,7 +222,7 @@ func TestConnectCredsFile(t *testing.T) {
 	}
 	s := startServer(t, &server.Options{TrustedOperators: []*jwt.OperatorClaims{opc}, AccountResolver: resolver, SystemAccount: sPub})
 
-	var logs syncBuffer
+	var logs natstest.Buffer
 	cfg := remoteConfig(s)
 	cfg.CredsFile = credsFile
 	c, err := Connect(context.Background(), cfg, "t", zerolog.New(&logs))
@@ -256,7 +236,7 @@ func TestConnectCredsFile(t *testing.T) {
 
 func TestEmbeddedServer(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "data")
-	var logs syncBuffer
+	var logs natstest.Buffer
 	cfg := DefaultConfig()
 	cfg.DataDir = dataDir
 	cfg.Listen = "127.0.0.1:-1"
@@ -321,7 +301,7 @@ func TestEmbeddedServer(t *testing.T) {
 
 func TestEmbeddedServerWithPassword(t *testing.T) {
 	const password = "embedded-secret-value"
-	var logs syncBuffer
+	var logs natstest.Buffer
 	cfg := DefaultConfig()
 	cfg.DataDir = t.TempDir()
 	cfg.Listen = "127.0.0.1:-1"
@@ -345,7 +325,7 @@ func TestReconnectIsLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := s.Addr().(*net.TCPAddr).Port
-	var logs syncBuffer
+	var logs natstest.Buffer
 	cfg := remoteConfig(s)
 	c, err := Connect(context.Background(), cfg, "t", zerolog.New(&logs))
 	if err != nil {
@@ -375,7 +355,7 @@ func TestConnectGivesUpWhenContextEnds(t *testing.T) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close() // nothing listens there now
-	var logs syncBuffer
+	var logs natstest.Buffer
 	cfg := DefaultConfig()
 	cfg.URL = "nats://svc:hunter2@127.0.0.1:" + strconv.Itoa(port)
 	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
 // testPKI writes a CA, a server certificate for 127.0.0.1 and a client certificate as PEM files.
@@ -80,7 +81,7 @@ func TestConnectMutualTLS(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.URL = "tls://" + s.Addr().String()
 	cfg.TLSCA, cfg.TLSCert, cfg.TLSKey = pki.caFile, pki.clientCert, pki.clientKey
-	var logs syncBuffer
+	var logs natstest.Buffer
 	c, err := Connect(context.Background(), cfg, "tls-test", zerolog.New(&logs))
 	if err != nil {
 		t.Fatal(err)

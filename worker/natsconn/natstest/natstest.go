@@ -3,6 +3,8 @@
 package natstest
 
 import (
+	"bytes"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,4 +69,24 @@ func WaitFor(tb testing.TB, within time.Duration, what string, cond func() bool)
 		case <-tick.C:
 		}
 	}
+}
+
+// Buffer is a goroutine-safe log sink: components log from their own goroutines (NATS
+// callbacks, runs, refreshers) while the test reads what they wrote.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
