@@ -180,24 +180,7 @@ func TestDecodeRequestRules(t *testing.T) {
 			if err.Code != CodeInvalidInput || err.Status != 400 || !strings.HasPrefix(err.Message, "[SYS1_INVALID_INPUT] ") {
 				t.Fatalf("want SYS1_INVALID_INPUT/400, got %s/%d %q", err.Code, err.Status, err.Message)
 			}
-			var ps Problems
-			if !errors.As(err, &ps) {
-				t.Fatalf("cause is not Problems: %#v", err.Err)
-			}
-			for _, w := range tc.want {
-				found := false
-				for _, p := range ps {
-					if strings.Contains(p.String(), w) {
-						found = true
-					}
-				}
-				if !found {
-					t.Errorf("problem %q not reported; got %q", w, err.Message)
-				}
-			}
-			if len(ps) != len(tc.want) {
-				t.Errorf("want %d problems, got %d: %q", len(tc.want), len(ps), err.Message)
-			}
+			expectProblems(t, err, tc.want)
 		})
 	}
 }
@@ -358,5 +341,28 @@ func TestDecodeRequestBoundsHostileCounts(t *testing.T) {
 				t.Fatalf("a %d-byte body allocated %d bytes (limit %d)", len(tc.body), got, limit)
 			}
 		})
+	}
+}
+
+// expectProblems checks that err lists exactly the wanted problems (each matched by substring).
+func expectProblems(t *testing.T, err *Error, want []string) {
+	t.Helper()
+	var ps Problems
+	if !errors.As(err, &ps) {
+		t.Fatalf("cause is not Problems: %#v", err.Err)
+	}
+	for _, w := range want {
+		found := false
+		for _, p := range ps {
+			if strings.Contains(p.String(), w) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("problem %q not reported; got %q", w, err.Message)
+		}
+	}
+	if len(ps) != len(want) {
+		t.Errorf("want %d problems, got %d: %q", len(want), len(ps), err.Message)
 	}
 }

@@ -1,7 +1,6 @@
 package contract
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -104,24 +103,7 @@ func TestDecodeResponseRules(t *testing.T) {
 			if err.Code != CodeUpstreamError || !err.Transient() || !strings.HasPrefix(err.Message, "[SYS1_UPSTREAM_ERROR] ") {
 				t.Fatalf("want SYS1_UPSTREAM_ERROR, got %s %q", err.Code, err.Message)
 			}
-			var ps Problems
-			if !errors.As(err, &ps) {
-				t.Fatalf("cause is not Problems: %#v", err.Err)
-			}
-			for _, w := range tc.want {
-				found := false
-				for _, p := range ps {
-					if strings.Contains(p.String(), w) {
-						found = true
-					}
-				}
-				if !found {
-					t.Errorf("problem %q not reported; got %q", w, err.Message)
-				}
-			}
-			if len(ps) != len(tc.want) {
-				t.Errorf("want %d problems, got %d: %q", len(tc.want), len(ps), err.Message)
-			}
+			expectProblems(t, err, tc.want)
 		})
 	}
 }
