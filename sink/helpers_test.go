@@ -164,15 +164,28 @@ func (e *testEnv) publish(tb testing.TB, recs []contract.RunRecord) {
 
 func (e *testEnv) publishRaw(tb testing.TB, subjects []string, bodies [][]byte) {
 	tb.Helper()
-	for i := range bodies {
-		if _, err := e.js.PublishAsync(subjects[i], bodies[i]); err != nil {
-			tb.Fatal(err)
+	// Async publishes, awaited a chunk at a time: the client stalls (and then fails) past a
+	// few thousand outstanding acks, which a loaded machine reaches.
+	const chunk = 1000
+	for lo := 0; lo < len(bodies); lo += chunk {
+		hi := min(lo+chunk, len(bodies))
+		futures := make([]jetstream.PubAckFuture, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			f, err := e.js.PublishAsync(subjects[i], bodies[i])
+			if err != nil {
+				tb.Fatal(err)
+			}
+			futures = append(futures, f)
 		}
-	}
-	select {
-	case <-e.js.PublishAsyncComplete():
-	case <-time.After(60 * time.Second):
-		tb.Fatal("publishing run records did not complete")
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				tb.Fatalf("publishing a run record: %v", err)
+			case <-time.After(60 * time.Second):
+				tb.Fatal("publishing run records did not complete")
+			}
+		}
 	}
 }
 
