@@ -1,38 +1,24 @@
 package loadtest
 
 import (
-	"embed"
 	"fmt"
 	"os"
-	"sort"
 	"strings"
+
+	"github.com/sys1hq/sys1/contract/examples"
 )
 
-// The built-in request templates are copies of contract/examples (go:embed cannot reach a
-// parent directory); a test keeps them byte-identical to the originals.
-//
-//go:embed templates/*.json
-var templates embed.FS
+// TemplateNames lists the built-in templates: the example requests in contract/examples.
+func TemplateNames() []string { return examples.RequestNames() }
 
-// TemplateNames lists the built-in templates.
-func TemplateNames() []string {
-	entries, _ := templates.ReadDir("templates")
-	names := make([]string, 0, len(entries))
-	for _, e := range entries {
-		names = append(names, strings.TrimSuffix(e.Name(), ".json"))
-	}
-	sort.Strings(names)
-	return names
-}
-
-// Template returns a request body: a built-in template by name (one, ticket, sixty-four) or
+// Template returns a request body: a built-in template by name (see TemplateNames) or
 // the contents of a file. A name that is neither is an error listing the built-ins.
 func Template(nameOrPath string) ([]byte, error) {
 	if nameOrPath == "" {
 		return nil, fmt.Errorf("empty template: use one of %s or a file path", strings.Join(TemplateNames(), ", "))
 	}
 	if !strings.ContainsAny(nameOrPath, `/\.`) {
-		b, err := templates.ReadFile("templates/" + nameOrPath + ".json")
+		b, err := examples.Request(nameOrPath)
 		if err != nil {
 			return nil, fmt.Errorf("unknown template %q: use one of %s or a file path", nameOrPath, strings.Join(TemplateNames(), ", "))
 		}

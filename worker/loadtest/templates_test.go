@@ -10,11 +10,10 @@ import (
 	"github.com/sys1hq/sys1/contract"
 )
 
-// The embedded templates are copies; they must not drift from contract/examples, which are
-// validated against the schemas there.
+// Every built-in template is one of the contract's example requests and a valid request.
 func TestTemplatesAreTheContractExamples(t *testing.T) {
 	names := TemplateNames()
-	if want := []string{"one", "sixty-four", "ticket"}; strings.Join(names, ",") != strings.Join(want, ",") {
+	if want := []string{"image", "one", "sixty-four", "ticket"}; strings.Join(names, ",") != strings.Join(want, ",") {
 		t.Fatalf("TemplateNames = %v, want %v", names, want)
 	}
 	for _, name := range names {
@@ -27,7 +26,7 @@ func TestTemplatesAreTheContractExamples(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, want) {
-			t.Errorf("templates/%s.json differs from contract/examples/%s.json: copy it again", name, name)
+			t.Errorf("template %s is not contract/examples/%s.json", name, name)
 		}
 		if _, cerr := contract.DecodeRequest(got); cerr != nil {
 			t.Errorf("template %s is not a valid request: %v", name, cerr)
@@ -50,7 +49,7 @@ func TestTemplateFromFileAndErrors(t *testing.T) {
 	}
 	for _, tc := range []struct{ in, want string }{
 		{"", "empty template"},
-		{"seventy", `unknown template "seventy": use one of one, sixty-four, ticket`},
+		{"seventy", `unknown template "seventy": use one of image, one, sixty-four, ticket`},
 		{filepath.Join(dir, "missing.json"), "read template"},
 		{empty, "is empty"},
 	} {
