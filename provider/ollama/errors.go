@@ -60,19 +60,24 @@ func (c *Client) checkStatus(resp *http.Response, body []byte, model string) err
 }
 
 // upstreamText extracts the human message from any upstream error body shape and makes it
-// safe to keep: bounded, one line, and never carrying the API key.
+// safe to keep: bounded, one line, and never carrying the API key. The key is removed before
+// the text is bounded: cutting first could keep the beginning of a key that straddles the
+// cut, which no longer matches the whole key.
 func (c *Client) upstreamText(body []byte) string {
-	text := errorMessage(body)
+	text := rawErrorMessage(body)
 	if key := c.apiKey.Reveal(); key != "" {
 		text = strings.ReplaceAll(text, key, "[REDACTED]")
 	}
-	return text
+	return clean(text)
 }
 
 // errorMessage reads {"error":"…"} (Ollama), {"error":{"code","message","type"}} (llama-server,
 // OpenAI-style proxies), {"detail":"…"} or {"detail":[{"msg":…}]} (FastAPI), {"message":"…"}
 // and plain text, bounded to maxUpstreamText.
-func errorMessage(body []byte) string {
+func errorMessage(body []byte) string { return clean(rawErrorMessage(body)) }
+
+// rawErrorMessage is errorMessage before clean: the message as the body spells it, unbounded.
+func rawErrorMessage(body []byte) string {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
 		return ""
@@ -86,12 +91,12 @@ func errorMessage(body []byte) string {
 		if json.Unmarshal(trimmed, &shape) == nil {
 			for _, raw := range []json.RawMessage{shape.Error, shape.Detail, shape.Message} {
 				if msg := messageOf(raw); msg != "" {
-					return clean(msg)
+					return msg
 				}
 			}
 		}
 	}
-	return clean(string(trimmed))
+	return string(trimmed)
 }
 
 // messageOf turns one error value into text: a string as is, an object by its message (with

@@ -136,3 +136,23 @@ func TestTrimCode(t *testing.T) {
 		}
 	}
 }
+
+// TestUpstreamTextRedactsAKeyCutByTheBound: a key that straddles the maxUpstreamText cut
+// must not survive as its first bytes (which no longer match the whole key).
+func TestUpstreamTextRedactsAKeyCutByTheBound(t *testing.T) {
+	const key = "sk-sys1-0123456789abcdefghijklmnopqrstuvwxyz"
+	c := &Client{apiKey: Secret(key)}
+	filler := strings.Repeat("x", maxUpstreamText-30) + " "
+	for _, body := range []string{
+		filler + "Bearer " + key,
+		`{"error":"` + filler + "invalid api key " + key + `"}`,
+	} {
+		got := c.upstreamText([]byte(body))
+		if len(got) > maxUpstreamText+len("…") {
+			t.Fatalf("not bounded: %d bytes", len(got))
+		}
+		if strings.Contains(got, key[:8]) {
+			t.Fatalf("the start of the API key survived: …%s", got[len(got)-40:])
+		}
+	}
+}
