@@ -96,7 +96,21 @@ func (r *Request) Validate() error {
 	if r.Model != strings.TrimSpace(r.Model) {
 		probs.add("model", "must be trimmed")
 	}
-	validateRequest(r, &reported{}, &probs)
+	// Raw values built in Go were never parsed: MarshalJSON copies them byte for byte, so one
+	// that is not a single JSON value would make the whole request invalid JSON (and the
+	// content checks assume a parsed value).
+	rep := reported{q: make([]questionReported, len(r.Questions))}
+	if msg := rawProblem(r.State); msg != "" {
+		probs.add("state", msg)
+		rep.state = true
+	}
+	for i := range r.Questions {
+		if msg := rawProblem(r.Questions[i].Instructions); msg != "" {
+			probs.add(qpath{name: r.Questions[i].Name, raw: r.Questions[i].Name}.at(".instructions"), msg)
+			rep.q[i].instructions = true
+		}
+	}
+	validateRequest(r, &rep, &probs)
 	if len(probs.list) > 0 {
 		return probs.list
 	}
@@ -156,6 +170,32 @@ func validateRequest(req *Request, rep *reported, probs *problemList) {
 			probs.add(fmt.Sprintf("images[%d]", i), err)
 		}
 	}
+}
+
+// rawProblem checks that a raw value built in Go is one JSON value in valid UTF-8, without
+// duplicate keys or nesting past MaxDepth, and returns what is wrong, or "". An empty value is
+// left to contentProblem ("required").
+func rawProblem(raw []byte) string {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return ""
+	}
+	if !utf8.Valid(raw) {
+		return fmt.Sprintf("invalid UTF-8 at byte %d", firstInvalidUTF8(raw))
+	}
+	if !checkDepth(raw, MaxDepth) {
+		return fmt.Sprintf("nesting deeper than %d levels", MaxDepth)
+	}
+	p := parser{data: raw, strict: true}
+	if _, _, err := p.skip(); err != nil {
+		return err.Error()
+	}
+	if err := p.end(); err != nil {
+		return err.Error()
+	}
+	if len(p.dupes) > 0 {
+		return p.dupes[0].String()
+	}
+	return ""
 }
 
 // contentProblem checks state or instructions (a non-blank string, an object or an array)

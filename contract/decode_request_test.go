@@ -295,6 +295,22 @@ func TestValidateGoBuilt(t *testing.T) {
 	if err := req.Validate(); err != nil {
 		t.Fatal(err)
 	}
+
+	// Raw values built in Go were never parsed: each must be one JSON value, or the request
+	// would encode as invalid JSON. None of these may panic.
+	for _, tc := range []struct{ state, instructions, want string }{
+		{`"`, `"i"`, "state: invalid JSON at byte 1: unterminated string"},
+		{`{`, `"i"`, "state: invalid JSON at byte 1: expected a string key"},
+		{`"s"`, `"i" "j"`, "questions.q.instructions: invalid JSON at byte 4: unexpected data after the top-level value"},
+		{`{"a":1,"a":2}`, `"i"`, `state: duplicate key "a"`},
+		{"\"\xff\"", `"i"`, "state: invalid UTF-8 at byte 1"},
+	} {
+		req.State, req.Questions[0].Instructions = []byte(tc.state), []byte(tc.instructions)
+		err := req.Validate()
+		if !errors.As(err, &ps) || len(ps) != 1 || ps[0].String() != tc.want {
+			t.Errorf("state %s, instructions %s: got %v, want %s", tc.state, tc.instructions, err, tc.want)
+		}
+	}
 }
 
 // TestDecodeRequestBoundsHostileCounts: counts far past the limits are reported with their
