@@ -72,6 +72,11 @@ func (r *run) process(ctx context.Context) {
 
 	// Identity first: nothing else about a request matters until we know who sent it.
 	identity, aerr := w.opt.Auth.Authenticate(ctx, r.msg.Subject(), hdr)
+	if identity.Subject == "" {
+		// A refused caller comes back without an identity; its subject still bounds where it
+		// may be answered (CheckReplyTo).
+		identity.Subject = r.msg.Subject()
+	}
 	r.identity = identity
 	r.replyTo = hdr.Get(HeaderReplyTo)
 	if cerr := auth.CheckReplyTo(identity, r.replyTo); cerr != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider/ollamatest"
+	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/client"
 )
@@ -149,5 +150,52 @@ func TestSecretsAndContentNeverLeak(t *testing.T) {
 	}
 	for _, r := range h.rawRecords() {
 		scan("a record", r, nil)
+	}
+}
+
+// TestRefusedCallerCannotPlantRepliesInAnotherNamespace: a request that fails authentication
+// chooses its own Sys1-Run-Id and Sys1-Reply-To. Its refusal must not be published into another
+// caller's durable replies (where it would read as that caller's run failing), only into the
+// namespace of the subject it was published on.
+func TestRefusedCallerCannotPlantRepliesInAnotherNamespace(t *testing.T) {
+	h := newHarness(t)
+	jwtAuth, err := auth.New(context.Background(), auth.Config{
+		Mode: auth.ModeJWT, HS256Secret: auth.Secret(hsSecret), Issuer: "https://idp.test", Audience: "sys1",
+		RolesClaim: "roles", AllowedRoles: []string{"administrator"}, Leeway: time.Second,
+		JWKSRefresh: time.Minute, JWKSMinRefresh: time.Second,
+	}, h.logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.start(func(o *replicaOpts) { o.auth = jwtAuth })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	viewer := mint(t, "mallory", map[string]any{"roles": []string{"viewer"}}, time.Now().Add(time.Hour))
+	publish := func(token, runID, replyTo string) {
+		if _, err := h.cl.Publish(ctx, client.Request{Caller: "attacker", Body: []byte(`{"state":"x","questions":{"q":{"type":"noul","instructions":"x"}}}`),
+			RunID: runID, ReplyTo: replyTo, Token: token}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish("", "victim-run-1", "sys1.replies.victim.inbox")     // unauthenticated
+	publish(viewer, "victim-run-2", "sys1.replies.victim.inbox") // verified but forbidden
+	publish("", "attacker-run-1", "sys1.replies.attacker.inbox") // its own namespace: answered
+	waitFor(t, "three records", 10*time.Second, func() bool { return len(h.records()) == 3 })
+
+	s, err := h.js.Stream(ctx, h.topo.RepliesStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.GetLastMsgForSubject(ctx, "sys1.replies.victim.inbox"); err == nil {
+		t.Errorf("a refused request planted a reply in another caller's namespace: run %s %s", m.Header.Get(worker.HeaderRunID), m.Data)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, "sys1.replies.attacker.inbox")
+	if err != nil || m.Header.Get(worker.HeaderErrorCode) != string(contract.CodeUnauthenticated) {
+		t.Errorf("the refusal in the request's own namespace: %v %v", err, m)
+	}
+	for _, rec := range h.records() {
+		if rec.Status != contract.StatusFailed || strings.HasPrefix(rec.RunID, "victim") {
+			t.Errorf("record %s: %s %s", rec.RunID, rec.Status, rec.ErrorCode)
+		}
 	}
 }

@@ -136,18 +136,21 @@ func CheckReplyTo(id Identity, replyTo string) *contract.Error {
 		// in mode subject; in mode jwt the producer's own subject token, which the NATS
 		// permissions tie to its NATS user (a JWT sub need not be a valid subject token).
 		// Otherwise one caller could plant replies, with any run id, in another's stream.
+		// An unverified request (failed authentication or authorisation, Kind empty) is held
+		// to its subject token too: it must not plant a refusal, under a run id it chose, in
+		// another caller's reply stream.
 		var token string
 		switch id.Kind {
+		case contract.CallerKindAnonymous:
+			return nil // mode none: no namespaces to keep apart
 		case contract.CallerKindSubject:
 			token = id.Caller
-		case contract.CallerKindJWT:
+		default:
 			t, err := CallerFromSubject(id.Subject)
 			if err != nil {
 				return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: durable replies need a caller token in the request subject")
 			}
 			token = t
-		default:
-			return nil
 		}
 		own := topology.RepliesPrefix + token
 		if replyTo == own || strings.HasPrefix(replyTo, own+".") {

@@ -541,6 +541,12 @@ func TestCheckReplyTo(t *testing.T) {
 		{jwtID, "sys1.replies.anything.run-1", contract.CodeForbidden},
 		{Identity{Caller: "u", Kind: contract.CallerKindJWT, Subject: "sys1.decide"}, "sys1.replies.u.run-1", contract.CodeInvalidInput},
 		{anon, "_INBOX.x", ""},
+		{anon, "sys1.replies.anyone.run-1", ""},
+		// Unverified requests (authentication failed) stay in their subject's namespace.
+		{Identity{Subject: "sys1.decide.svc-a"}, "sys1.replies.svc-a.run-1", ""},
+		{Identity{Subject: "sys1.decide.svc-a"}, "sys1.replies.victim.run-1", contract.CodeForbidden},
+		{Identity{Subject: "sys1.decide.svc-a"}, "_INBOX.svc-a.x", ""},
+		{Identity{}, "sys1.replies.victim.run-1", contract.CodeInvalidInput},
 		{subj, "sys1.runs.success", contract.CodeInvalidInput},
 		{jwtID, "sys1.decide.svc-b", contract.CodeInvalidInput},
 		{anon, "$JS.API.STREAM.DELETE.SYS1_RUNS", contract.CodeInvalidInput},
