@@ -24,6 +24,8 @@ type deadLetter struct {
 	payload      string
 	payloadSHA   string
 	payloadBytes uint64
+
+	from origin // for the deduplication token
 }
 
 func (d *deadLetter) values() []any {
@@ -40,7 +42,7 @@ func newDeadLetter(data []byte, from origin, subject string, deliveries uint64, 
 	d := &deadLetter{
 		receivedAt: time.Now().UTC(), stream: from.stream, subject: subject, seq: from.seq,
 		deliveries: deliveries, reason: reason,
-		payloadSHA: hex.EncodeToString(sum[:]), payloadBytes: uint64(len(data)),
+		payloadSHA: hex.EncodeToString(sum[:]), payloadBytes: uint64(len(data)), from: from,
 	}
 	if p, ok := redactPayload(data, mode); ok {
 		d.payload = p

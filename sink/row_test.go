@@ -125,14 +125,28 @@ func TestRedactPayload(t *testing.T) {
 }
 
 func TestDedupTokenIsStable(t *testing.T) {
-	a := dedupToken("SYS1_RUNS", "runs", []uint64{1, 2, 3})
-	if a != dedupToken("SYS1_RUNS", "runs", []uint64{1, 2, 3}) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	msgs := func(seqs ...uint64) []origin {
+		out := make([]origin, len(seqs))
+		for i, q := range seqs {
+			out[i] = origin{stream: "SYS1_RUNS", seq: q, published: at.Add(time.Duration(q) * time.Millisecond)}
+		}
+		return out
+	}
+	a := dedupToken("SYS1_RUNS", "runs", msgs(1, 2, 3))
+	if a != dedupToken("SYS1_RUNS", "runs", msgs(1, 2, 3)) {
 		t.Fatal("same batch, different tokens")
 	}
+	// The same sequences published at another time: a recreated stream numbering from 1 again.
+	recreated := msgs(1, 2, 3)
+	for i := range recreated {
+		recreated[i].published = recreated[i].published.Add(time.Hour)
+	}
 	for _, other := range []string{
-		dedupToken("SYS1_RUNS", "runs", []uint64{1, 2, 4}),
-		dedupToken("SYS1_RUNS", "runs_dead_letter", []uint64{1, 2, 3}),
-		dedupToken("OTHER", "runs", []uint64{1, 2, 3}),
+		dedupToken("SYS1_RUNS", "runs", msgs(1, 2, 4)),
+		dedupToken("SYS1_RUNS", "runs_dead_letter", msgs(1, 2, 3)),
+		dedupToken("OTHER", "runs", msgs(1, 2, 3)),
+		dedupToken("SYS1_RUNS", "runs", recreated),
 	} {
 		if other == a {
 			t.Fatal("different batches share a token")

@@ -7,8 +7,9 @@
 //     so at most three batches are held (being inserted, queued, being fetched); each is kept
 //     alive with InProgress from the moment it is fetched.
 //   - The batch is inserted with one PrepareBatch/Send per table. Its insert_deduplication_token
-//     is derived from the batch's stream sequences, so an insert retried after an ambiguous
-//     failure (timeout, connection cut after the server committed) is dropped by ClickHouse.
+//     is derived from the batch's stream sequences and message timestamps, so an insert
+//     retried after an ambiguous failure (timeout, connection cut after the server committed)
+//     is dropped by ClickHouse.
 //   - Only after the insert returns success are the messages acked. A crash before the ack
 //     redelivers them; if the redelivered batch is composed differently the token differs, and
 //     the runs table (ReplacingMergeTree ordered by run_id) still folds the copies into one row
@@ -225,7 +226,6 @@ type prepared struct {
 	rows   []*row
 	rowSrc []source // the message of each row, should ClickHouse reject the row
 	dead   []*deadLetter
-	seqs   []uint64 // stream sequences of every message, for the dedup token
 
 	deadDone, rowsDone, rejectedDone bool
 	// rejected are rows ClickHouse refused as data (see insertIsolating), parked as dead letters.
@@ -241,7 +241,7 @@ type source struct {
 }
 
 func (s *Sink) prepare(msgs []jetstream.Msg) prepared {
-	p := prepared{rows: make([]*row, 0, len(msgs)), seqs: make([]uint64, 0, len(msgs))}
+	p := prepared{rows: make([]*row, 0, len(msgs))}
 	for _, m := range msgs {
 		from := origin{stream: s.topo.RunsStream}
 		var deliveries uint64
@@ -250,7 +250,6 @@ func (s *Sink) prepare(msgs []jetstream.Msg) prepared {
 			from.seq, from.published, deliveries = meta.Sequence.Stream, meta.Timestamp, meta.NumDelivered
 			from.stream = meta.Stream
 		}
-		p.seqs = append(p.seqs, from.seq)
 		if err != nil {
 			p.dead = append(p.dead, newDeadLetter(m.Data(), from, m.Subject(), deliveries, "no JetStream metadata: "+err.Error(), s.cfg.RecordState))
 			continue
@@ -270,14 +269,19 @@ func (s *Sink) prepare(msgs []jetstream.Msg) prepared {
 	return p
 }
 
-// dedupToken identifies a batch by its stream and sequences: the same messages inserted again
-// carry the same token and ClickHouse drops the repeat.
-func dedupToken(stream, table string, seqs []uint64) string {
+// dedupToken identifies a batch by its messages: the same messages inserted again carry the
+// same token and ClickHouse drops the repeat. A message is named by its stream sequence and its
+// JetStream timestamp, both fixed when it was stored and the same on every redelivery. The
+// sequence alone is not enough: a stream deleted and recreated (NATS storage wiped, a changed
+// storage type) numbers its messages from 1 again, and a token repeating one still in
+// ClickHouse's deduplication window would make it silently drop new records.
+func dedupToken(stream, table string, msgs []origin) string {
 	h := sha256.New()
 	h.Write([]byte(stream + "\x00" + table + "\x00"))
-	var b [8]byte
-	for _, q := range seqs {
-		binary.BigEndian.PutUint64(b[:], q)
+	var b [16]byte
+	for _, m := range msgs {
+		binary.BigEndian.PutUint64(b[:8], m.seq)
+		binary.BigEndian.PutUint64(b[8:], uint64(m.published.UnixNano()))
 		h.Write(b[:])
 	}
 	return "sys1-sink-" + hex.EncodeToString(h.Sum(nil)[:16])
@@ -367,11 +371,11 @@ func (s *Sink) insertOnce(ctx context.Context, p *prepared) error {
 
 func (s *Sink) insertDeadLetters(ctx context.Context, dead []*deadLetter, tokenScope string) error {
 	vals := make([][]any, len(dead))
-	seqs := make([]uint64, len(dead))
+	from := make([]origin, len(dead))
 	for i, d := range dead {
-		vals[i], seqs[i] = d.values(), d.seq
+		vals[i], from[i] = d.values(), d.from
 	}
-	return s.insert(ctx, s.insertDead, dedupToken(s.topo.RunsStream, tokenScope, seqs), vals)
+	return s.insert(ctx, s.insertDead, dedupToken(s.topo.RunsStream, tokenScope, from), vals)
 }
 
 // insertIsolating inserts rows. When ClickHouse rejects the data itself (a constraint, a
@@ -384,11 +388,11 @@ func (s *Sink) insertIsolating(ctx context.Context, rows []*row, src []source) (
 		return nil, nil
 	}
 	vals := make([][]any, len(rows))
-	seqs := make([]uint64, len(rows))
+	from := make([]origin, len(rows))
 	for i, r := range rows {
-		vals[i], seqs[i] = r.values(), src[i].from.seq
+		vals[i], from[i] = r.values(), src[i].from
 	}
-	err := s.insert(ctx, s.insertRuns, dedupToken(s.topo.RunsStream, "runs", seqs), vals)
+	err := s.insert(ctx, s.insertRuns, dedupToken(s.topo.RunsStream, "runs", from), vals)
 	if err == nil || !rejectedAsData(err) {
 		return nil, err
 	}

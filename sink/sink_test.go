@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/topology"
 )
 
 func TestSinkDrainsTenThousandRecordsExactly(t *testing.T) {
@@ -170,7 +171,7 @@ func TestInsertRetryIsDeduplicated(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.rows, p.seqs = append(p.rows, r), append(p.seqs, uint64(i+1))
+		p.rows = append(p.rows, r)
 		p.rowSrc = append(p.rowSrc, source{from: from})
 	}
 	ctx := context.Background()
@@ -186,6 +187,39 @@ func TestInsertRetryIsDeduplicated(t *testing.T) {
 	if got := e.count(t, "SELECT sum(runs) FROM %s.runs_per_minute"); got != 50 {
 		t.Fatalf("the view counted %d runs, want 50: a deduplicated insert must not reach it", got)
 	}
+}
+
+// A SYS1_RUNS deleted and recreated numbers its messages from 1 again. Their batches must not
+// reuse the deduplication tokens of the old stream's batches, or ClickHouse would silently drop
+// the new records as repeats of ones it already holds.
+func TestRecreatedStreamIsNotDeduplicatedAway(t *testing.T) {
+	// One record per batch, so both streams' batches are seqs [1], [2], … whatever the timing.
+	e := newEnv(t, func(c *Config) { c.BatchSize = 1 })
+	const n = 20
+	drain := func(want uint64) {
+		t.Helper()
+		s := e.startSink(t, e.cfg, nil)
+		waitFor(t, time.Minute, "the sink to drain SYS1_RUNS", func() bool {
+			return e.consumerDrained(t) && s.Stats().Batches >= n
+		})
+		s.stop(t)
+		if got := e.count(t, "SELECT count() FROM %s.runs FINAL"); got != want {
+			t.Fatalf("rows under FINAL = %d, want %d", got, want)
+		}
+	}
+	e.publish(t, makeRecords(0, n))
+	drain(n)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.js.DeleteStream(ctx, e.topo.RunsStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := topology.EnsureRunsStream(ctx, e.js, e.topo); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, makeRecords(n, n))
+	drain(2 * n)
 }
 
 // ClickHouse unreachable: records stay in SYS1_RUNS, the sink retries and reports lag, a sink
