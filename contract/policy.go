@@ -172,7 +172,9 @@ func checkSize(r *Request) *Error {
 	for i := range r.Images {
 		im := &r.Images[i]
 		if im.Data != "" {
-			total += len(im.Data) + 2 // base64 needs no escaping
+			// Base64 needs no escaping, but the line breaks a decoder skips (and validation
+			// lets through) are written as two bytes each, \n and \r.
+			total += len(im.Data) + 2 + strings.Count(im.Data, "\n") + strings.Count(im.Data, "\r")
 		} else {
 			total += len(im.Ref().appendJSON(nil))
 		}

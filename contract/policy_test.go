@@ -172,6 +172,15 @@ func TestResolveImageTotal(t *testing.T) {
 	if _, err := (Policy{DefaultModel: "nimble"}).Resolve(&at); err == nil || err.Code != CodeRequestTooLarge {
 		t.Fatalf("over the limit: %v", err)
 	}
+	// Line breaks (which base64 decoders skip, so validation accepts them) are escaped on the
+	// wire: the same length of data with some of them is over the limit.
+	at.Images[1].Data = strings.Repeat("A", fill-8) + strings.Repeat("AAA\n", 2)
+	if got, _ := at.MarshalJSON(); len(got) != MaxImageRequestBytes+2 {
+		t.Fatalf("built %d bytes", len(got))
+	}
+	if _, err := (Policy{DefaultModel: "nimble"}).Resolve(&at); err == nil || err.Code != CodeRequestTooLarge {
+		t.Fatalf("escaped line breaks not counted: %v", err)
+	}
 }
 
 func TestConfig(t *testing.T) {
