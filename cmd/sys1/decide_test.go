@@ -83,6 +83,13 @@ func TestDecideExitStatus(t *testing.T) {
 		t.Fatalf("invalid request: exit %d\n%s", code, out)
 	}
 
+	// A run id the worker refuses is answered (under the id it derived): a failed run, not a
+	// wait for a reply that never comes.
+	code, out, errOut = decide(t, "--run-id", "has space", "--timeout", "20s", ticket)
+	if code != exitFailed || !strings.Contains(out, "SYS1_INVALID_INPUT") || !strings.Contains(out, "Sys1-Run-Id") {
+		t.Fatalf("invalid run id: exit %d\n%s\n%s", code, out, errOut)
+	}
+
 	code, _, _ = decide(t, "--deadline", "-5s", ticket)
 	if code != exitUsage {
 		t.Errorf("past relative deadline: exit %d", code)

@@ -173,16 +173,15 @@ func (c *Client) Decide(ctx context.Context, req Request) (*Reply, error) {
 	if err := c.publish(ctx, m); err != nil {
 		return nil, err
 	}
-	for {
-		msg, err := sub.NextMsgWithContext(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("waiting for the reply to run %s: %w", runID, err)
-		}
-		if msg.Header.Get(HeaderRunID) != runID {
-			continue // not ours (a stray on a reused inbox)
-		}
-		return ParseReply(msg)
+	// The inbox is fresh and private to this call, so whatever arrives on it is this run's
+	// reply, even under another run id: a run id the worker refuses (not 1–128 of
+	// A-Za-z0-9._:-) is answered under the id it derived instead, and waiting for the one we
+	// sent would hang until ctx ends.
+	msg, err := sub.NextMsgWithContext(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("waiting for the reply to run %s: %w", runID, err)
 	}
+	return ParseReply(msg)
 }
 
 // ParseReply decodes a reply message.

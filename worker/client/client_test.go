@@ -76,6 +76,38 @@ func TestPublishRefusesBadCallersAndMissingStreams(t *testing.T) {
 	}
 }
 
+// TestDecideTakesTheReplyUnderAnotherRunID: the worker answers a run id it refuses under the
+// id it derived; Decide must return that reply, not wait for one that never comes.
+func TestDecideTakesTheReplyUnderAnotherRunID(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, js := natstest.Connect(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := topology.Ensure(ctx, js, topology.Default()); err != nil {
+		t.Fatal(err)
+	}
+	// A stand-in worker: answers every request under a derived run id.
+	worker, err := nc.Subscribe(topology.DecideSubjects, func(m *nats.Msg) {
+		r := nats.NewMsg(m.Header.Get(client.HeaderReplyTo))
+		r.Header.Set(client.HeaderRunID, "SYS1_REQUESTS~1")
+		r.Header.Set(client.HeaderStatus, "failed")
+		r.Data = []byte(`{"run_id":"SYS1_REQUESTS~1","status":"failed","result":null,"error":{"code":"SYS1_INVALID_INPUT","message":"[SYS1_INVALID_INPUT] Sys1-Run-Id: bad","status":400},"attempts":[],"queued_ms":0,"latency_ms":0}`)
+		_ = nc.PublishMsg(r)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = worker.Unsubscribe() }()
+	c, _ := client.New(nc)
+	rep, err := c.Decide(ctx, client.Request{Caller: "svc-a", Body: []byte(`{}`), RunID: "has space"})
+	if err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	if rep.RunID != "SYS1_REQUESTS~1" || rep.Error == nil || rep.Error.Code != "SYS1_INVALID_INPUT" {
+		t.Errorf("reply %s", rep.Raw)
+	}
+}
+
 func TestParseReply(t *testing.T) {
 	m := nats.NewMsg("_INBOX.x")
 	m.Data = []byte(`{"run_id":"r1","status":"failed","result":null,"error":{"code":"SYS1_EXPIRED","message":"[SYS1_EXPIRED] late","status":408},"attempts":[],"queued_ms":1,"latency_ms":2}`)
