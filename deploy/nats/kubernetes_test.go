@@ -1,0 +1,72 @@
+package natsdeploy
+
+import (
+	"os"
+	"regexp"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// The Kubernetes manifests connect as users of nats-server.conf, with the inbox prefix its
+// subscribe permissions require, and KEDA reads the account those users live in. (Proven to
+// work end to end for these users and prefixes by TestPermissionsFromDeployConfig.)
+func TestKubernetesManifestsMatchTheServerConfig(t *testing.T) {
+	for name, pw := range map[string]string{
+		"SYS1_NATS_WORKER_PASSWORD": passwords["sys1-worker"], "SYS1_NATS_SINK_PASSWORD": passwords["sys1-sink"],
+		"SYS1_NATS_SVC_A_PASSWORD": passwords["svc-a"], "SYS1_NATS_SVC_B_PASSWORD": passwords["svc-b"],
+	} {
+		t.Setenv(name, pw)
+	}
+	opts, err := server.ProcessConfigFile("nats-server.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accountOf := map[string]string{}
+	for _, u := range opts.Users {
+		accountOf[u.Username] = u.Account.Name
+	}
+
+	manifest := read(t, "../kubernetes/sys1.yaml")
+	envValue := func(doc, name string) string {
+		m := regexp.MustCompile(`- name: ` + name + `\n\s+value: (\S+)`).FindStringSubmatch(doc)
+		if m == nil {
+			return ""
+		}
+		return m[1]
+	}
+	deployments := regexp.MustCompile(`(?s)kind: Deployment\n.*?(?:\n---|\z)`).FindAllString(manifest, -1)
+	if len(deployments) != 2 {
+		t.Fatalf("found %d Deployments in sys1.yaml, want 2 (worker, sink)", len(deployments))
+	}
+	accounts := map[string]bool{}
+	for _, d := range deployments {
+		user, prefix := envValue(d, "SYS1_NATS_USER"), envValue(d, "SYS1_NATS_INBOX_PREFIX")
+		account, ok := accountOf[user]
+		if !ok {
+			t.Errorf("a Deployment connects as NATS user %q, which nats-server.conf does not define", user)
+			continue
+		}
+		if prefix != "_INBOX."+user {
+			t.Errorf("user %s: SYS1_NATS_INBOX_PREFIX %q, want _INBOX.%s (the only inbox it may read)", user, prefix, user)
+		}
+		if !regexp.MustCompile(`- name: SYS1_NATS_PASSWORD\n\s+valueFrom: \{secretKeyRef:`).MatchString(d) {
+			t.Errorf("user %s: SYS1_NATS_PASSWORD must come from the Secret", user)
+		}
+		accounts[account] = true
+	}
+
+	m := regexp.MustCompile(`(?m)^\s+account: "?([^"\s]+)"?$`).FindStringSubmatch(read(t, "../kubernetes/autoscaling.yaml"))
+	if m == nil || !accounts[m[1]] || len(accounts) != 1 {
+		t.Errorf("KEDA reads account %v; the workers' account is %v", m, accounts)
+	}
+}
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
