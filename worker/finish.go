@@ -178,6 +178,11 @@ func (r *run) outcome(resp *contract.Response, cerr *contract.Error, finished ti
 		Worker:         w.cfg.ID,
 		Version:        w.opt.Version,
 	}
+	if rec.CallerKind == "" {
+		// Refused before any caller was verified: SPEC §6 knows only subject, jwt and
+		// anonymous, and an unverified caller is anonymous (its caller stays empty).
+		rec.CallerKind = contract.CallerKindAnonymous
+	}
 	if rec.Roles == nil {
 		rec.Roles = []string{}
 	}

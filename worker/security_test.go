@@ -11,6 +11,7 @@ import (
 	"github.com/lestrrat-go/jwx/v3/jwa"
 	"github.com/lestrrat-go/jwx/v3/jwt"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider/ollamatest"
@@ -198,4 +199,68 @@ func TestRefusedCallerCannotPlantRepliesInAnotherNamespace(t *testing.T) {
 			t.Errorf("record %s: %s %s", rec.RunID, rec.Status, rec.ErrorCode)
 		}
 	}
+}
+
+// TestRefusedRunsRecordsMatchTheSchema: the records of refused runs (no verified caller) are
+// valid run records of `sys1 schema record`, like every other record.
+func TestRefusedRunsRecordsMatchTheSchema(t *testing.T) {
+	h := newHarness(t)
+	jwtAuth, err := auth.New(context.Background(), auth.Config{
+		Mode: auth.ModeJWT, HS256Secret: auth.Secret(hsSecret), Issuer: "https://idp.test", Audience: "sys1",
+		RolesClaim: "roles", AllowedRoles: []string{"administrator"}, Leeway: time.Second,
+		JWKSRefresh: time.Minute, JWKSMinRefresh: time.Second,
+	}, h.logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.start(func(o *replicaOpts) { o.auth = jwtAuth })
+	schema, replySchema := compileSchema(t, "record"), compileSchema(t, "reply")
+	body := []byte(`{"state":"x","questions":{"q":{"type":"noul","instructions":"x"}}}`)
+	admin := mint(t, "alice", map[string]any{"roles": []string{"administrator"}}, time.Now().Add(time.Hour))
+	viewer := mint(t, "mallory", map[string]any{"roles": []string{"viewer"}}, time.Now().Add(time.Hour))
+	for _, tok := range []string{admin, viewer, "", "not.a.jwt"} {
+		rep := h.decide("svc-a", body, func(r *client.Request) { r.Token = tok })
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(rep.Raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := replySchema.Validate(doc); err != nil {
+			t.Errorf("reply does not match the reply schema: %v\n%s", err, rep.Raw)
+		}
+	}
+	waitFor(t, "four records", 10*time.Second, func() bool { return len(h.rawRecords()) == 4 })
+	for _, raw := range h.rawRecords() {
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := schema.Validate(doc); err != nil {
+			t.Errorf("record does not match the record schema: %v\n%s", err, raw)
+		}
+	}
+}
+
+// compileSchema compiles one of the published JSON Schemas (draft 2020-12, formats asserted).
+func compileSchema(t *testing.T, name string) *jsonschema.Schema {
+	t.Helper()
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	for _, n := range contract.SchemaNames() {
+		b, err := contract.Schema(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.AddResource(contract.SchemaID(n), doc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := c.Compile(contract.SchemaID(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
