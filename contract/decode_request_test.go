@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // withQuestions builds a request body with the given questions object contents.
@@ -380,5 +381,32 @@ func expectProblems(t *testing.T, err *Error, want []string) {
 	}
 	if len(ps) != len(want) {
 		t.Errorf("want %d problems, got %d: %q", len(want), len(ps), err.Message)
+	}
+}
+
+// TestProblemTextIsBounded: problems quote the body's own keys and names, so a body of huge
+// keys must not become an error message of the body's size (it travels in replies, records
+// and logs); each path and message is cut, on a rune boundary.
+func TestProblemTextIsBounded(t *testing.T) {
+	huge := strings.Repeat("é", 32<<10) // 64 KiB
+	var b strings.Builder
+	b.WriteString(`{"state":{"` + huge + `":1,"` + huge + `":2},"questions":{` + choiceQ + `}`)
+	for i := 0; i < 50; i++ {
+		fmt.Fprintf(&b, `,"%s%d":1`, huge, i)
+	}
+	b.WriteString(`}`)
+	_, err := DecodeRequest([]byte(b.String()))
+	if err == nil || err.Code != CodeInvalidInput {
+		t.Fatalf("got %v", err)
+	}
+	if len(err.Message) > 64<<10 {
+		t.Fatalf("a %d-byte body gave a %d-byte message", b.Len(), len(err.Message))
+	}
+	if !utf8.ValidString(err.Message) || !strings.Contains(err.Message, "…: unknown field") || !strings.Contains(err.Message, `state: duplicate key "éé`) {
+		t.Fatalf("message: %.300s", err.Message)
+	}
+	_, rerr := Policy{DefaultModel: "nimble"}.Resolve(&Request{Model: huge, State: []byte(`"s"`)})
+	if rerr == nil || rerr.Code != CodeModelNotAllowed || len(rerr.Message) > 1024 {
+		t.Fatalf("model not allowed: %d bytes", len(rerr.Message))
 	}
 }

@@ -142,8 +142,9 @@ func (p Policy) Resolve(req *Request) (*Request, *Error) {
 		return nil, Errorf(CodeModelNotAllowed, "no model requested and no default model configured")
 	}
 	if !p.allows(out.Model) {
+		// The name is the caller's and unbounded: quote only its start.
 		return nil, Errorf(CodeModelNotAllowed, "model %q is not allowed; allowed models: %s",
-			out.Model, strings.Join(p.Allowed(), ", "))
+			clip(out.Model, maxProblemPath), strings.Join(p.Allowed(), ", "))
 	}
 	out.KeepAlive = p.keepAliveJSON()
 	if err := checkSize(&out); err != nil {

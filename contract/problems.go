@@ -1,6 +1,9 @@
 package contract
 
-import "strings"
+import (
+	"strings"
+	"unicode/utf8"
+)
 
 // Problem is one way a document breaks the contract, at a path such as
 // "questions.label.criteria" or "images[0]".
@@ -43,12 +46,32 @@ type problemList struct {
 	dropped int
 }
 
+// Bounds of one problem's text. Paths and messages quote the document's own keys and names,
+// which a hostile body makes megabytes long; the message of the error lists up to
+// maxListedProblems of them and travels in replies, records and logs.
+const (
+	maxProblemPath    = 256
+	maxProblemMessage = 512
+)
+
 func (l *problemList) add(path, msg string) {
 	if len(l.list) >= maxKeptProblems {
 		l.dropped++
 		return
 	}
-	l.list = append(l.list, Problem{Path: path, Message: msg})
+	l.list = append(l.list, Problem{Path: clip(path, maxProblemPath), Message: clip(msg, maxProblemMessage)})
+}
+
+// clip cuts s to at most n bytes on a rune boundary, marking the cut with "…".
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n - len("…")
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "…"
 }
 
 // invalidInput builds the SYS1_INVALID_INPUT error listing every problem.
