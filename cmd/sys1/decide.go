@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -144,14 +145,58 @@ func readRequest(path string) ([]byte, error) {
 	return b, nil
 }
 
-// withModel sets "model" while keeping every other key where the caller put it.
+// withModel sets "model" while keeping every other member byte for byte where the caller put
+// it (a request that was not there already gets model first). It is a splice, not a decode and
+// re-encode: unknown fields and duplicate keys must still reach the worker, which reports
+// them, rather than be dropped here silently.
 func withModel(body []byte, model string) ([]byte, error) {
-	var req contract.Request
-	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, fmt.Errorf("the request is not a System One request: %w", err)
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("the request is not a JSON object")
 	}
-	req.Model = model
-	return json.Marshal(&req)
+	type member struct {
+		key   string
+		value json.RawMessage
+	}
+	modelJSON, _ := json.Marshal(model)
+	var members []member
+	set := false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("the request is not valid JSON: %w", err)
+		}
+		key, _ := tok.(string)
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return nil, fmt.Errorf("the request is not valid JSON: %w", err)
+		}
+		if key == "model" {
+			if set {
+				continue
+			}
+			value, set = modelJSON, true
+		}
+		members = append(members, member{key, value})
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, fmt.Errorf("the request is not valid JSON: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("the request is not one JSON object")
+	}
+	if !set {
+		members = append([]member{{"model", modelJSON}}, members...)
+	}
+	out := []byte{'{'}
+	for i, m := range members {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		k, _ := json.Marshal(m.key)
+		out = append(append(append(out, k...), ':'), m.value...)
+	}
+	return append(out, '}'), nil
 }
 
 func parseDeadlineFlag(v string, now time.Time) (time.Time, error) {

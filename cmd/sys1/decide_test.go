@@ -82,6 +82,15 @@ func TestDecideExitStatus(t *testing.T) {
 	if code != exitFailed || !strings.Contains(out, "SYS1_INVALID_INPUT") {
 		t.Fatalf("invalid request: exit %d\n%s", code, out)
 	}
+	// --model does not hide what the worker would refuse: an unknown field is still reported.
+	unknown := filepath.Join(t.TempDir(), "unknown.json")
+	if err := os.WriteFile(unknown, []byte(`{"state":"x","questions":{"q":{"type":"noul","instructions":"x"}},"temperature":0.2}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = decide(t, "--model", "nimble", unknown)
+	if code != exitFailed || !strings.Contains(out, "SYS1_INVALID_INPUT") || !strings.Contains(out, "temperature") {
+		t.Fatalf("unknown field with --model: exit %d\n%s", code, out)
+	}
 
 	// A run id the worker refuses is answered (under the id it derived): a failed run, not a
 	// wait for a reply that never comes.
@@ -134,5 +143,27 @@ func TestDecideConnectionErrors(t *testing.T) {
 	t.Setenv("SYS1_NATS_URL", startDeployment(t, false))
 	if code, _, errOut := decide(t, "--timeout", "300ms", ticket); code != exitUsage || !strings.Contains(errOut, "no reply within") {
 		t.Errorf("no worker: exit %d, stderr %s", code, errOut)
+	}
+}
+
+// TestWithModelSplicesTheModelIn: --model changes the model and nothing else; fields the
+// worker would refuse (unknown, duplicated) still reach it.
+func TestWithModelSplicesTheModelIn(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`{"model":"a","state":{"z":1,"a":2},"questions":{}}`, `{"model":"tev1","state":{"z":1,"a":2},"questions":{}}`},
+		{`{"state":"x","questions":{"b":{},"a":{}}}`, `{"model":"tev1","state":"x","questions":{"b":{},"a":{}}}`},
+		{` { "state" : "x", "temperature": 0.2, "model": "a" } `, `{"state":"x","temperature":0.2,"model":"tev1"}`},
+		{`{"state":"x","state":"y"}`, `{"model":"tev1","state":"x","state":"y"}`},
+		{`{}`, `{"model":"tev1"}`},
+	} {
+		got, err := withModel([]byte(tc.in), "tev1")
+		if err != nil || string(got) != tc.want {
+			t.Errorf("withModel(%s) = %s, %v; want %s", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{`[]`, `"x"`, `{"state":`, `{} {}`, ``} {
+		if got, err := withModel([]byte(bad), "tev1"); err == nil {
+			t.Errorf("withModel(%q) = %s, want an error", bad, got)
+		}
 	}
 }
