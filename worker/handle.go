@@ -72,6 +72,11 @@ func (r *run) process(ctx context.Context) {
 
 	// Identity first: nothing else about a request matters until we know who sent it.
 	identity, aerr := w.opt.Auth.Authenticate(ctx, r.msg.Subject(), hdr)
+	if aerr != nil && (aerr.Code != contract.CodeForbidden || identity.Kind != contract.CallerKindJWT || identity.Caller == "") {
+		// Only a verified jwt caller refused for its roles and scopes keeps its identity (the
+		// record says who was refused); any other refusal has no verified caller.
+		identity = auth.Identity{}
+	}
 	if identity.Subject == "" {
 		// A refused caller comes back without an identity; its subject still bounds where it
 		// may be answered (CheckReplyTo).
@@ -86,8 +91,9 @@ func (r *run) process(ctx context.Context) {
 		return
 	}
 	if aerr != nil {
-		// The caller is unverified, so it cannot own the run id it sent: record under the
-		// derived id so a forged request can never overwrite a real run's record.
+		// The caller is unverified or not allowed, so it cannot own the run id it sent: record
+		// under the derived id so a forged or refused request can never overwrite a real run's
+		// record.
 		r.recordID = derived
 		r.finish(ctx, nil, aerr)
 		return

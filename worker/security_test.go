@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -180,8 +182,11 @@ func TestRefusedCallerCannotPlantRepliesInAnotherNamespace(t *testing.T) {
 	}
 	publish("", "victim-run-1", "sys1.replies.victim.inbox")     // unauthenticated
 	publish(viewer, "victim-run-2", "sys1.replies.victim.inbox") // verified but forbidden
+	// Verified but forbidden, with the victim's name as its sub: a forbidden caller keeps its
+	// identity in the record, but its replies stay in its subject's namespace all the same.
+	publish(mint(t, "victim", map[string]any{"roles": []string{"viewer"}}, time.Now().Add(time.Hour)), "victim-run-3", "sys1.replies.victim.inbox")
 	publish("", "attacker-run-1", "sys1.replies.attacker.inbox") // its own namespace: answered
-	waitFor(t, "three records", 10*time.Second, func() bool { return len(h.records()) == 3 })
+	waitFor(t, "four records", 10*time.Second, func() bool { return len(h.records()) == 4 })
 
 	s, err := h.js.Stream(ctx, h.topo.RepliesStream)
 	if err != nil {
@@ -217,7 +222,7 @@ func TestRefusedRunsRecordsMatchTheSchema(t *testing.T) {
 	schema, replySchema := compileSchema(t, "record"), compileSchema(t, "reply")
 	body := []byte(`{"state":"x","questions":{"q":{"type":"noul","instructions":"x"}}}`)
 	admin := mint(t, "alice", map[string]any{"roles": []string{"administrator"}}, time.Now().Add(time.Hour))
-	viewer := mint(t, "mallory", map[string]any{"roles": []string{"viewer"}}, time.Now().Add(time.Hour))
+	viewer := mint(t, "mallory", map[string]any{"roles": []string{"viewer"}, "scope": "openid sys1:read"}, time.Now().Add(time.Hour))
 	for _, tok := range []string{admin, viewer, "", "not.a.jwt"} {
 		rep := h.decide("svc-a", body, func(r *client.Request) { r.Token = tok })
 		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(rep.Raw))
@@ -237,6 +242,30 @@ func TestRefusedRunsRecordsMatchTheSchema(t *testing.T) {
 		if err := schema.Validate(doc); err != nil {
 			t.Errorf("record does not match the record schema: %v\n%s", err, raw)
 		}
+	}
+	// Who was refused: a verified but forbidden caller is recorded as itself (caller, jwt, its
+	// verified roles and scopes) under the derived id; unauthenticated requests stay anonymous.
+	var forbidden, unauthenticated int
+	for _, rec := range h.records() {
+		switch rec.ErrorCode {
+		case contract.CodeForbidden:
+			forbidden++
+			if rec.Caller != "mallory" || rec.CallerKind != contract.CallerKindJWT ||
+				!slices.Equal(rec.Roles, []string{"viewer"}) || !slices.Equal(rec.Scopes, []string{"openid", "sys1:read"}) {
+				t.Errorf("forbidden run recorded as %q (%s) roles %v scopes %v, want mallory (jwt) [viewer] [openid sys1:read]", rec.Caller, rec.CallerKind, rec.Roles, rec.Scopes)
+			}
+			if want := fmt.Sprintf("%s~%d", h.topo.RequestsStream, rec.StreamSeq); rec.RunID != want {
+				t.Errorf("forbidden run recorded under %s, want the derived %s", rec.RunID, want)
+			}
+		case contract.CodeUnauthenticated:
+			unauthenticated++
+			if rec.Caller != "" || rec.CallerKind != contract.CallerKindAnonymous || len(rec.Roles) != 0 || len(rec.Scopes) != 0 {
+				t.Errorf("unauthenticated run recorded as %q (%s) roles %v scopes %v", rec.Caller, rec.CallerKind, rec.Roles, rec.Scopes)
+			}
+		}
+	}
+	if forbidden != 1 || unauthenticated != 2 {
+		t.Errorf("%d forbidden and %d unauthenticated records, want 1 and 2", forbidden, unauthenticated)
 	}
 }
 

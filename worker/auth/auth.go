@@ -42,8 +42,10 @@ type Identity struct {
 type Authenticator interface {
 	// Authenticate derives the caller ONLY from the verified source (the subject, or the
 	// Authorization header in jwt mode); the body and other headers are ignored. It returns a
-	// SYS1_UNAUTHENTICATED error for missing or invalid credentials and SYS1_FORBIDDEN for a
-	// verified caller without an allowed role or scope. Safe for concurrent use.
+	// SYS1_UNAUTHENTICATED error, with an empty Identity, for missing or invalid credentials,
+	// and SYS1_FORBIDDEN for a verified caller without an allowed role or scope; a forbidden
+	// caller's verified Identity comes back with the error, so that it can be recorded. Safe
+	// for concurrent use.
 	Authenticate(ctx context.Context, subject string, header nats.Header) (Identity, *contract.Error)
 	// Mode is none, subject or jwt.
 	Mode() string
@@ -136,9 +138,9 @@ func CheckReplyTo(id Identity, replyTo string) *contract.Error {
 		// in mode subject; in mode jwt the producer's own subject token, which the NATS
 		// permissions tie to its NATS user (a JWT sub need not be a valid subject token).
 		// Otherwise one caller could plant replies, with any run id, in another's stream.
-		// An unverified request (failed authentication or authorisation, Kind empty) is held
-		// to its subject token too: it must not plant a refusal, under a run id it chose, in
-		// another caller's reply stream.
+		// An unverified request (failed authentication, Kind empty) is held to its subject
+		// token too, and so is a verified jwt caller refused for its roles (Kind jwt): neither
+		// may plant a refusal, under a run id it chose, in another caller's reply stream.
 		var token string
 		switch id.Kind {
 		case contract.CallerKindAnonymous:

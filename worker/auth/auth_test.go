@@ -102,6 +102,18 @@ func runJWTCases(t *testing.T, a Authenticator, logs *natstest.Buffer, cases []j
 			if !strings.Contains(err.Message, tc.message) {
 				t.Fatalf("message %q does not say %q", err.Message, tc.message)
 			}
+			// A forbidden caller is still verified: its identity comes back with the refusal so
+			// the record can say who was refused. An unauthenticated one has no identity at all.
+			switch tc.code {
+			case contract.CodeForbidden:
+				if id.Caller != "svc-a" || id.Kind != contract.CallerKindJWT || id.Subject != "sys1.decide.svc-a" {
+					t.Fatalf("forbidden caller's identity %+v, want the verified svc-a", id)
+				}
+			default:
+				if id.Caller != "" || id.Kind != "" || id.Roles != nil || id.Scopes != nil {
+					t.Fatalf("unauthenticated request came back with an identity %+v", id)
+				}
+			}
 			// No part of the presented token may appear in the error or the logs.
 			for name, v := range tc.header {
 				if !strings.EqualFold(name, "Authorization") {
@@ -222,6 +234,21 @@ func TestJWTWithJWKS(t *testing.T) {
 	}
 	if id.Caller != "svc-z" || !slices.Equal(id.Roles, []string{"administrator", "reader"}) || !slices.Equal(id.Scopes, []string{"openid", "sys1:use", "extra"}) {
 		t.Fatalf("identity %+v", id)
+	}
+
+	// A forbidden caller comes back with its verified roles and scopes (for the record), and
+	// only those: spoofed headers add nothing.
+	id, err = a.Authenticate(context.Background(), "sys1.decide.svc-a.x", spoofHeaders(rs.sign(t, with(func(c map[string]any) {
+		c["sub"] = "svc-y"
+		c["roles"] = []string{"reader"}
+		c["scp"] = []string{"sys1:read", "openid"}
+	}))))
+	if err == nil || err.Code != contract.CodeForbidden {
+		t.Fatalf("want %s, got %v", contract.CodeForbidden, err)
+	}
+	if id.Caller != "svc-y" || id.Kind != contract.CallerKindJWT || id.Subject != "sys1.decide.svc-a.x" ||
+		!slices.Equal(id.Roles, []string{"reader"}) || !slices.Equal(id.Scopes, []string{"sys1:read", "openid"}) {
+		t.Fatalf("forbidden identity %+v", id)
 	}
 }
 
@@ -547,6 +574,10 @@ func TestCheckReplyTo(t *testing.T) {
 		{Identity{Subject: "sys1.decide.svc-a"}, "sys1.replies.victim.run-1", contract.CodeForbidden},
 		{Identity{Subject: "sys1.decide.svc-a"}, "_INBOX.svc-a.x", ""},
 		{Identity{}, "sys1.replies.victim.run-1", contract.CodeInvalidInput},
+		// A verified but forbidden jwt caller keeps its identity and the jwt rule: its subject's
+		// namespace, not one named after its sub.
+		{Identity{Caller: "victim", Kind: contract.CallerKindJWT, Roles: []string{"viewer"}, Subject: "sys1.decide.svc-a"}, "sys1.replies.svc-a.run-1", ""},
+		{Identity{Caller: "victim", Kind: contract.CallerKindJWT, Roles: []string{"viewer"}, Subject: "sys1.decide.svc-a"}, "sys1.replies.victim.run-1", contract.CodeForbidden},
 		{subj, "sys1.runs.success", contract.CodeInvalidInput},
 		{jwtID, "sys1.decide.svc-b", contract.CodeInvalidInput},
 		{anon, "$JS.API.STREAM.DELETE.SYS1_RUNS", contract.CodeInvalidInput},

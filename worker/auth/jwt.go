@@ -95,7 +95,9 @@ func (a *jwtAuth) Authenticate(ctx context.Context, subject string, header nats.
 		Roles: claimStrings(tok, a.rolesClaim), Scopes: tokenScopes(tok),
 	}
 	if !hasAny(id.Roles, a.allowedRoles) && !hasAny(id.Scopes, a.allowedScopes) {
-		return Identity{}, contract.Errorf(contract.CodeForbidden,
+		// The token is genuine, so the caller is known: it comes back with the refusal so the
+		// run record says who was refused (SPEC §6), though the run is not theirs.
+		return id, contract.Errorf(contract.CodeForbidden,
 			"caller %q has none of the allowed roles [%s] in claim %q nor the allowed scopes [%s]",
 			sub, strings.Join(a.allowedRoles, ", "), a.rolesClaim, strings.Join(a.allowedScopes, ", "))
 	}
