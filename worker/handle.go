@@ -123,7 +123,14 @@ func (r *run) process(ctx context.Context) {
 		// answer once it has finished; if it is gone (aged out of the stream unfinished), this
 		// message takes the run over, or it would wait for good.
 		gone, err := w.messageGone(ctx, st.StreamSeq)
-		if err != nil || !gone {
+		if err != nil {
+			// Not knowing is not "gone": taking the run over could score it twice. Try again.
+			r.log.Warn().Err(err).Uint64("owner_seq", st.StreamSeq).Dur("retry_in", w.cfg.RetryBase).
+				Msg("could not look up the message that owns this run id; the run will be retried")
+			_ = r.msg.NakWithDelay(w.cfg.RetryBase)
+			return
+		}
+		if !gone {
 			r.log.Info().Uint64("owner_seq", st.StreamSeq).Msg("run id is in flight from another message; answering once it finishes")
 			_ = r.msg.NakWithDelay(w.cfg.RetryBase)
 			return

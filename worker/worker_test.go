@@ -768,6 +768,49 @@ func TestRunWhoseOwningMessageVanishedIsTakenOver(t *testing.T) {
 	}
 }
 
+// TestOwnerLookupFailureIsLoggedAndRetried: when the worker cannot tell whether the message
+// owning a run id is still in the stream, it says so at warn level on the run's log line (not
+// only "in flight") and naks the delivery for a retry, never taking the run over.
+func TestOwnerLookupFailureIsLoggedAndRetried(t *testing.T) {
+	h := newHarness(t)
+	h.start()
+	ctx := context.Background()
+	kv, err := h.js.KeyValue(ctx, h.topo.RunsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A running gate entry whose owning message cannot be looked up: sequence 0 is a request
+	// JetStream rejects (a bad request, not "no message found"), as NATS trouble would be.
+	owner := `{"caller":"anonymous","status":"running","stream_seq":0,"started_at":"2026-01-01T00:00:00Z"}`
+	if _, err := kv.Create(ctx, "r"+hex.EncodeToString([]byte("lookup-fails-1")), []byte(owner)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.cl.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "lookup-fails-1"}); err != nil {
+		t.Fatal(err)
+	}
+	type line struct {
+		Level   string `json:"level"`
+		RunID   string `json:"run_id"`
+		Error   string `json:"error"`
+		Message string `json:"message"`
+	}
+	warned := func() (n int) {
+		for _, l := range strings.Split(h.logs.String(), "\n") {
+			var ln line
+			if json.Unmarshal([]byte(l), &ln) == nil && ln.Level == "warn" && ln.RunID == "lookup-fails-1" &&
+				ln.Error != "" && strings.Contains(ln.Message, "could not look up the message that owns this run id") {
+				n++
+			}
+		}
+		return n
+	}
+	// Two warnings: the delivery was nak'ed and came back, still not taken over.
+	waitFor(t, "the lookup failure logged at warn on two deliveries", 10*time.Second, func() bool { return warned() >= 2 })
+	if h.fake.Calls() != 0 {
+		t.Errorf("provider called %d times for a run whose owner could not be looked up", h.fake.Calls())
+	}
+}
+
 func TestDuplicateMessageWaitsForTheRunInFlight(t *testing.T) {
 	h := newHarness(t, ollamatest.WithLatency(300*time.Millisecond))
 	h.start()
