@@ -56,6 +56,8 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 	nc, err := natsconn.Connect(ctx, natsCfg, "sys1-sink "+host, log)
 	if err != nil {
 		if ctx.Err() != nil {
+			// SIGTERM/SIGINT while still waiting for NATS: the operator asked for the stop.
+			log.Info().Str("nats_url", natsconn.RedactURLs(natsCfg.URL)).Msg("sink stopped before connecting to NATS")
 			return exitOK
 		}
 		log.Error().Err(err).Str("nats_url", natsconn.RedactURLs(natsCfg.URL)).Msg("cannot connect to NATS")
@@ -66,6 +68,7 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 	conn, err := openClickHouse(ctx, cfg, log)
 	if err != nil {
 		if ctx.Err() != nil {
+			log.Info().Str("clickhouse", sink.RedactDSN(cfg.DSN)).Msg("sink stopped before ClickHouse was ready")
 			return exitOK
 		}
 		log.Error().Err(err).Msg("cannot use ClickHouse")

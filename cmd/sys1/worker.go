@@ -69,6 +69,11 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 
 	conn, err := natsconn.Connect(ctx, s.nats, "sys1-worker", log)
 	if err != nil {
+		if ctx.Err() != nil {
+			// SIGTERM/SIGINT while still waiting for NATS: the operator asked for the stop.
+			log.Info().Str("nats_url", natsconn.RedactURLs(s.nats.URL)).Msg("worker stopped before connecting to NATS")
+			return exitOK
+		}
 		log.Error().Err(err).Msg("cannot connect to NATS")
 		return exitUsage
 	}

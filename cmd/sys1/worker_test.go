@@ -128,3 +128,53 @@ func TestWorkerRejectsBadConfigurationNamingEveryVariable(t *testing.T) {
 		}
 	}
 }
+
+// TestStopBeforeNATSConnectsIsNotAnError: SIGTERM/SIGINT while `sys1 worker` or `sys1 sink` is
+// still retrying its first NATS connection is the operator's stop, not a connection error: the
+// command exits 0 and says it stopped before connecting.
+func TestStopBeforeNATSConnectsIsNotAnError(t *testing.T) {
+	for _, tc := range []struct{ command, want string }{
+		{"worker", "worker stopped before connecting to NATS"},
+		{"sink", "sink stopped before connecting to NATS"},
+	} {
+		t.Run(tc.command, func(t *testing.T) {
+			// Nothing listens there: the command keeps retrying until it is stopped.
+			t.Setenv("SYS1_NATS_URL", fmt.Sprintf("nats://127.0.0.1:%d", freePort(t)))
+			t.Setenv("SYS1_CLICKHOUSE_DSN", "clickhouse://127.0.0.1:9000")
+			t.Setenv("SYS1_DATA_DIR", t.TempDir())
+			t.Setenv("SYS1_HTTP_ADDR", "")
+			t.Setenv("SYS1_PROVIDER", "simulator")
+
+			ctx, stop := context.WithCancel(context.Background())
+			t.Cleanup(stop)
+			var stderr natstest.Buffer
+			exited := make(chan int, 1)
+			go func() { exited <- run(ctx, []string{tc.command}, &bytes.Buffer{}, &stderr) }()
+			natstest.WaitFor(t, 30*time.Second, "a failed connection attempt", func() bool {
+				select {
+				case c := <-exited:
+					t.Fatalf("%s exited with %d before it was stopped:\n%s", tc.command, c, stderr.String())
+				default:
+				}
+				return strings.Contains(stderr.String(), "cannot reach NATS yet; retrying")
+			})
+
+			stop() // SIGTERM
+			select {
+			case c := <-exited:
+				if c != exitOK {
+					t.Fatalf("%s exit %d after a stop while connecting, want %d:\n%s", tc.command, c, exitOK, stderr.String())
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s did not exit after SIGTERM", tc.command)
+			}
+			logs := stderr.String()
+			if !strings.Contains(logs, tc.want) {
+				t.Errorf("%s log lacks %q:\n%s", tc.command, tc.want, logs)
+			}
+			if strings.Contains(logs, "cannot connect to NATS") {
+				t.Errorf("%s logged the stop as a connection error:\n%s", tc.command, logs)
+			}
+		})
+	}
+}
