@@ -5,12 +5,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"strings"
 	"time"
 
 	"github.com/sys1hq/sys1/sink"
 	"github.com/sys1hq/sys1/sink/migrate"
 )
+
+// defaultMigrateWait is how long `sys1 migrate` retries a ClickHouse that does not answer.
+const defaultMigrateWait = time.Minute
 
 func init() {
 	register(command{name: "migrate", summary: "create or upgrade the ClickHouse schema (SYS1_CLICKHOUSE_DSN)", run: runMigrate})
@@ -22,8 +26,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	status := fs.Bool("status", false, "report the applied migrations and change nothing")
+	wait := fs.Duration("wait", defaultMigrateWait, "how long to keep retrying while ClickHouse does not answer (backoff: SYS1_SINK_RETRY_MIN to SYS1_SINK_RETRY_MAX)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: sys1 migrate [-status]\n\nCreates or upgrades the sys1 schema in ClickHouse (SYS1_CLICKHOUSE_DSN,\nSYS1_CLICKHOUSE_DATABASE, SYS1_RETENTION_DAYS). Running it again is a no-op.")
+		fmt.Fprintln(stderr, "usage: sys1 migrate [-status] [-wait DURATION]\n\nCreates or upgrades the sys1 schema in ClickHouse (SYS1_CLICKHOUSE_DSN,\nSYS1_CLICKHOUSE_DATABASE, SYS1_RETENTION_DAYS). Running it again is a no-op.\nWhile ClickHouse does not answer it retries with backoff for up to -wait.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -36,6 +41,10 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fs.Usage()
 		return exitUsage
 	}
+	if *wait <= 0 {
+		fmt.Fprintf(stderr, "sys1 migrate: -wait must be positive, got %s\n", *wait)
+		return exitUsage
+	}
 	cfg := sink.DefaultConfig()
 	var logCfg LogConfig
 	if err := loadConfig(&logCfg, &cfg); err != nil {
@@ -46,11 +55,22 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stderr, "sys1 migrate: SYS1_CLICKHOUSE_DSN is not set (e.g. clickhouse://localhost:9000 or http://localhost:8123)")
 		return exitUsage
 	}
-	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	conn, err := sink.Open(octx, cfg)
+	// ClickHouse may still be starting (a migrate job started with it): retry, within -wait.
+	log := newLogger(stderr, logCfg, "migrate")
+	wctx, cancel := context.WithTimeout(ctx, *wait)
+	conn, tries, err := connectClickHouse(wctx, cfg, log, "ClickHouse does not answer yet; retrying")
+	cancel()
 	if err != nil {
-		fmt.Fprintln(stderr, "sys1 migrate:", err)
+		host := "(unparseable DSN)"
+		if u, perr := url.Parse(cfg.DSN); perr == nil {
+			host = u.Host // never the user info
+		}
+		if ctx.Err() != nil {
+			// Stopped (SIGINT/SIGTERM) while waiting: nothing was migrated, so not a success.
+			fmt.Fprintf(stderr, "sys1 migrate: stopped while waiting for ClickHouse at %s; nothing was migrated\n", host)
+			return exitFailed
+		}
+		fmt.Fprintf(stderr, "sys1 migrate: ClickHouse at %s did not answer within %s (%d tries); last error: %v\n", host, *wait, tries, err)
 		return exitUsage
 	}
 	defer conn.Close()

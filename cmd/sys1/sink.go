@@ -106,24 +106,41 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 // (a sink started before its database should wait, not crash-loop). A schema newer than this
 // binary, or any other migration error, is returned at once.
 func openClickHouse(ctx context.Context, cfg sink.Config, log zerolog.Logger) (driver.Conn, error) {
+	conn, _, err := connectClickHouse(ctx, cfg, log, "ClickHouse not reachable yet; the records wait in SYS1_RUNS")
+	if err != nil {
+		return nil, err
+	}
+	if err := sink.Migrate(ctx, conn, cfg); err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("migrate %s: %w", cfg.Database, err)
+	}
+	log.Info().Str("clickhouse", sink.RedactDSN(cfg.DSN)).Str("database", cfg.Database).Msg("ClickHouse ready")
+	return conn, nil
+}
+
+// connectClickHouse connects to cfg.DSN, retrying with the sink's backoff (SYS1_SINK_RETRY_MIN,
+// doubling up to SYS1_SINK_RETRY_MAX) while ClickHouse does not answer, and logging each failed
+// try at warn with msg. Once ctx ends it gives up, returning how many tries were made and the
+// last try's error (which names the DSN with its password hidden).
+func connectClickHouse(ctx context.Context, cfg sink.Config, log zerolog.Logger, msg string) (driver.Conn, int, error) {
 	wait := cfg.RetryMin
-	for {
+	for try := 1; ; try++ {
 		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		conn, err := sink.Open(octx, cfg)
 		cancel()
 		if err == nil {
-			if err := sink.Migrate(ctx, conn, cfg); err != nil {
-				_ = conn.Close()
-				return nil, fmt.Errorf("migrate %s: %w", cfg.Database, err)
-			}
-			log.Info().Str("clickhouse", sink.RedactDSN(cfg.DSN)).Str("database", cfg.Database).Msg("ClickHouse ready")
-			return conn, nil
+			return conn, try, nil
 		}
-		log.Warn().Err(err).Dur("retry_in", wait).Msg("ClickHouse not reachable yet; the records wait in SYS1_RUNS")
+		if ctx.Err() != nil {
+			return nil, try, err
+		}
+		log.Warn().Err(err).Int("attempt", try).Dur("retry_in", wait).Msg(msg)
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(wait):
+			t.Stop()
+			return nil, try, err
+		case <-t.C:
 		}
 		wait = min(wait*2, cfg.RetryMax)
 	}

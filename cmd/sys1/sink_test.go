@@ -56,7 +56,6 @@ func TestMigrateCommandConfigErrors(t *testing.T) {
 			"SYS1_CLICKHOUSE_DSN": "ftp://x", "SYS1_CLICKHOUSE_DATABASE": "no-dashes",
 			"SYS1_RECORD_STATE": "some", "SYS1_RETENTION_DAYS": "0",
 		}, []string{"SYS1_CLICKHOUSE_DSN", "SYS1_CLICKHOUSE_DATABASE", "SYS1_RECORD_STATE", "SYS1_RETENTION_DAYS"}},
-		{"unreachable", map[string]string{"SYS1_CLICKHOUSE_DSN": "http://user:hunter2@127.0.0.1:1"}, []string{"does not answer", "xxxxx"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {
@@ -79,6 +78,60 @@ func TestMigrateCommandConfigErrors(t *testing.T) {
 }
 
 // sys1 sink drains records published to SYS1_RUNS and exits 0 on cancellation.
+// TestMigrateRetriesAnUnreachableClickHouse: `sys1 migrate` started before ClickHouse answers
+// keeps trying with the sink's backoff, logging each failed try, and once -wait has passed
+// exits non-zero naming the DSN's host, never its password.
+func TestMigrateRetriesAnUnreachableClickHouse(t *testing.T) {
+	port := freePort(t) // nothing listens there
+	t.Setenv("SYS1_CLICKHOUSE_DSN", fmt.Sprintf("http://user:hunter2@127.0.0.1:%d", port))
+	t.Setenv("SYS1_SINK_RETRY_MIN", "10ms")
+	t.Setenv("SYS1_SINK_RETRY_MAX", "50ms")
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"migrate", "-wait", "400ms"}, &out, &errOut); code != exitUsage {
+		t.Fatalf("exit = %d, want %d; stderr: %s", code, exitUsage, errOut.String())
+	}
+	stderr := errOut.String()
+	if tries := strings.Count(stderr, "ClickHouse does not answer yet; retrying"); tries < 2 {
+		t.Errorf("want every failed try logged (at least 2), got %d:\n%s", tries, stderr)
+	}
+	for _, want := range []string{fmt.Sprintf("ClickHouse at 127.0.0.1:%d did not answer within 400ms", port), "does not answer"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, "hunter2") {
+		t.Errorf("stderr leaks the password:\n%s", stderr)
+	}
+}
+
+// TestMigrateStopsPromptlyWhileWaitingForClickHouse: SIGTERM while migrate waits for ClickHouse
+// ends it at once (not at the end of -wait), non-zero: nothing was migrated.
+func TestMigrateStopsPromptlyWhileWaitingForClickHouse(t *testing.T) {
+	t.Setenv("SYS1_CLICKHOUSE_DSN", fmt.Sprintf("clickhouse://user:hunter2@127.0.0.1:%d", freePort(t)))
+	t.Setenv("SYS1_SINK_RETRY_MIN", "10ms")
+	t.Setenv("SYS1_SINK_RETRY_MAX", "10ms")
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	var stderr natstest.Buffer
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, []string{"migrate", "-wait", "10m"}, &bytes.Buffer{}, &stderr) }()
+	natstest.WaitFor(t, 30*time.Second, "a failed try", func() bool {
+		return strings.Contains(stderr.String(), "ClickHouse does not answer yet; retrying")
+	})
+	stop() // SIGTERM
+	select {
+	case code := <-exited:
+		if code != exitFailed {
+			t.Fatalf("exit = %d, want %d; stderr: %s", code, exitFailed, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("sys1 migrate did not stop on SIGTERM")
+	}
+	if s := stderr.String(); !strings.Contains(s, "stopped while waiting for ClickHouse at 127.0.0.1:") || strings.Contains(s, "hunter2") {
+		t.Errorf("stderr:\n%s", s)
+	}
+}
+
 func TestSinkCommand(t *testing.T) {
 	db := chtest.New(t)
 	srv := natstest.Start(t)
