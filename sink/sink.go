@@ -184,19 +184,43 @@ func (s *Sink) fetchLoop(ctx context.Context, cons jetstream.Consumer, work chan
 			if !sleep(ctx, backoff) {
 				return
 			}
-			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-				// Someone deleted the durable consumer. Recreate it: it starts again from the
-				// beginning of the stream, and the copies it re-inserts fold away under FINAL.
-				if c, err := topology.EnsureSinkConsumer(ctx, s.js, s.topo, s.cfg.AckWait, s.cfg.MaxAckPending); err == nil {
-					s.log.Warn().Str("consumer", s.topo.SinkConsumer).Msg("sink: the consumer was deleted; recreated it")
-					cons = c
-				}
+			if c, ok := s.recreateIfGone(ctx, err); ok {
+				cons = c
 			}
 			backoff = min(backoff*2, s.cfg.RetryMax)
 			continue
 		}
 		backoff = s.cfg.RetryMin
 	}
+}
+
+// recreateIfGone recreates the consumer, and SYS1_RUNS under it, when a failed pull was
+// because they no longer exist (deleted by someone, or NATS came back without its data) rather
+// than because NATS is unreachable. A recreated consumer starts again from the beginning of the
+// stream, and the copies it re-inserts fold away under FINAL.
+func (s *Sink) recreateIfGone(ctx context.Context, fetchErr error) (jetstream.Consumer, bool) {
+	gone := errors.Is(fetchErr, jetstream.ErrConsumerDeleted) || errors.Is(fetchErr, jetstream.ErrConsumerNotFound)
+	if !gone {
+		// A pull for a consumer that does not exist often fails as "no responders"; ask.
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := s.js.Consumer(ictx, s.topo.RunsStream, s.topo.SinkConsumer)
+		cancel()
+		gone = errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
+	}
+	if !gone {
+		return nil, false
+	}
+	if err := topology.EnsureRunsStream(ctx, s.js, s.topo); err != nil {
+		s.log.Warn().Err(err).Msg("sink: the consumer is gone and SYS1_RUNS could not be recreated; trying again")
+		return nil, false
+	}
+	c, err := topology.EnsureSinkConsumer(ctx, s.js, s.topo, s.cfg.AckWait, s.cfg.MaxAckPending)
+	if err != nil {
+		s.log.Warn().Err(err).Msg("sink: the consumer is gone and could not be recreated; trying again")
+		return nil, false
+	}
+	s.log.Warn().Str("stream", s.topo.RunsStream).Str("consumer", s.topo.SinkConsumer).Msg("sink: the consumer (or its stream) was gone; recreated it")
+	return c, true
 }
 
 // fetch pulls one batch: up to BatchSize messages, waiting at most BatchAge. Bounding the pull

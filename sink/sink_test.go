@@ -459,3 +459,27 @@ func TestSinkRecreatesADeletedConsumer(t *testing.T) {
 	})
 	s.stop(t)
 }
+
+// The stream itself is deleted under a running sink (or NATS comes back without its data): the
+// sink recreates SYS1_RUNS and its consumer and drains what producers write next.
+func TestSinkRecreatesADeletedStream(t *testing.T) {
+	e := newEnv(t, nil)
+	e.publish(t, makeRecords(0, 100))
+	s := e.startSink(t, e.cfg, nil)
+	waitFor(t, time.Minute, "the first records", func() bool { return s.Stats().Inserted >= 100 && e.consumerDrained(t) })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.js.DeleteStream(ctx, e.topo.RunsStream); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the sink to recreate SYS1_RUNS and its consumer", func() bool {
+		_, err := e.js.Consumer(ctx, e.topo.RunsStream, e.topo.SinkConsumer)
+		return err == nil
+	})
+	e.publish(t, makeRecords(100, 100))
+	waitFor(t, time.Minute, "records written after the stream was recreated", func() bool {
+		return e.count(t, "SELECT count() FROM %s.runs FINAL") == 200 && e.consumerDrained(t)
+	})
+	s.stop(t)
+}
