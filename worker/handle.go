@@ -63,7 +63,7 @@ func (r *run) process(ctx context.Context) {
 	}
 	r.meta = meta
 	hdr := r.msg.Headers()
-	derived := derivedRunID(w.opt.Topology.RequestsStream, meta.Sequence.Stream)
+	derived := derivedRunID(w.opt.Topology.RequestsStream, meta.Sequence.Stream, *w.requestsEpoch.Load())
 	r.runID, r.recordID = derived, derived
 	if id := hdr.Get(HeaderRunID); id != "" && ValidRunID(id) {
 		r.runID, r.recordID = id, id
@@ -300,6 +300,7 @@ func (r *run) saveAttempts(ctx context.Context) error {
 
 // retryLater naks a delivery that hit infrastructure trouble (NATS, KV) before finishing.
 func (r *run) retryLater(err error) {
+	r.w.requestRepair(err)
 	delay := r.w.cfg.retryDelay(int(r.meta.NumDelivered), 0)
 	r.log.Warn().Err(err).Dur("retry_in", delay).Msg("could not finish the run; redelivering")
 	_ = r.msg.NakWithDelay(delay)

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -32,10 +33,20 @@ func ValidRunID(id string) bool {
 	return true
 }
 
-// derivedRunID names a run that carried no usable id. It contains '~', which SPEC §3 forbids
-// in caller ids, so it can never collide with one; it is stable across redeliveries.
-func derivedRunID(stream string, seq uint64) string {
-	return fmt.Sprintf("%s~%d", stream, seq)
+// derivedRunID names a run that carried no usable id: <stream>~<seq>~<epoch>. It contains
+// '~', which SPEC §3 forbids in caller ids, so it can never collide with one; it is stable
+// across redeliveries. The epoch (streamEpoch) names the stream's incarnation: a recreated
+// stream numbers its messages from 1 again, and without it a new run would inherit an old
+// run's id, so the gate would answer it with the old run's stored outcome and its record would
+// replace the old one in ClickHouse.
+func derivedRunID(stream string, seq uint64, epoch string) string {
+	return stream + "~" + strconv.FormatUint(seq, 10) + "~" + epoch
+}
+
+// streamEpoch is a stream's creation time, in nanoseconds since 1970, base 36 (12 characters
+// until the 2090s).
+func streamEpoch(created time.Time) string {
+	return strconv.FormatInt(created.UnixNano(), 36)
 }
 
 // parseDeadline parses Sys1-Deadline (RFC 3339); empty means none.

@@ -48,12 +48,20 @@ type Options struct {
 type Worker struct {
 	cfg  Config
 	opt  Options
-	cons jetstream.Consumer
+	cons jetstream.Consumer // used by the pull loop alone, which also replaces it (ensure)
 	// requests is the request stream, to tell whether a run's owning message still exists.
+	// JetStream handles are names, so this one stays valid when the stream is recreated.
 	requests jetstream.Stream
-	gate     gate
-	log      zerolog.Logger
-	stats    stats
+	// requestsEpoch tells this incarnation of the request stream from earlier ones (see
+	// derivedRunID): sequences start again at 1 when the stream is recreated.
+	requestsEpoch atomic.Pointer[string]
+	// repair is signalled by a run that found a stream or the run-id bucket missing; the pull
+	// loop then recreates the topology (see ensure), at most once a second.
+	repair     chan struct{}
+	lastRepair time.Time // the pull loop's alone
+	gate       gate
+	log        zerolog.Logger
+	stats      stats
 	// providerSlots bounds the provider calls in flight to Concurrency. The pull loop admits
 	// twice as many messages, so the runs waiting for a slot have already been claimed and
 	// validated, and the runs past their call store and publish their outcome, while the
@@ -74,25 +82,78 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	if opt.FetchWait <= 0 {
 		opt.FetchWait = time.Second
 	}
-	kv, err := topology.Ensure(ctx, opt.JS, opt.Topology)
-	if err != nil {
-		return nil, err
-	}
-	cons, err := topology.EnsureWorkerConsumer(ctx, opt.JS, opt.Topology)
-	if err != nil {
-		return nil, err
-	}
-	requests, err := opt.JS.Stream(ctx, opt.Topology.RequestsStream)
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", opt.Topology.RequestsStream, err)
-	}
-	w := &Worker{cfg: cfg, opt: opt, cons: cons, requests: requests, gate: gate{kv: kv}, providerSlots: make(chan struct{}, cfg.Concurrency)}
+	w := &Worker{cfg: cfg, opt: opt, providerSlots: make(chan struct{}, cfg.Concurrency), repair: make(chan struct{}, 1)}
 	w.log = opt.Logger.With().Str("worker", cfg.ID).Logger()
+	if err := w.ensure(ctx); err != nil {
+		return nil, err
+	}
 	if opt.Topology.MaxAckPending < 2*cfg.Concurrency {
 		w.log.Warn().Int("max_ack_pending", opt.Topology.MaxAckPending).Int("concurrency", cfg.Concurrency).
 			Msg("SYS1_MAX_ACK_PENDING is below twice this replica's concurrency (a replica holds up to 2 × SYS1_CONCURRENCY messages); it caps the whole shared consumer, so raise it to at least 2 × replicas × SYS1_CONCURRENCY")
 	}
 	return w, nil
+}
+
+// ensure creates or updates the streams, the run-id bucket and the shared consumer, and
+// notes which incarnation of the request stream this is. New calls it; so does the pull loop
+// when they have vanished (NATS lost its store, or an operator deleted them).
+func (w *Worker) ensure(ctx context.Context) error {
+	kv, err := topology.Ensure(ctx, w.opt.JS, w.opt.Topology)
+	if err != nil {
+		return err
+	}
+	cons, err := topology.EnsureWorkerConsumer(ctx, w.opt.JS, w.opt.Topology)
+	if err != nil {
+		return err
+	}
+	requests, err := w.opt.JS.Stream(ctx, w.opt.Topology.RequestsStream)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", w.opt.Topology.RequestsStream, err)
+	}
+	epoch := streamEpoch(requests.CachedInfo().Created)
+	w.requestsEpoch.Store(&epoch)
+	if w.cons == nil {
+		w.requests, w.gate = requests, gate{kv: kv}
+	}
+	w.cons = cons
+	return nil
+}
+
+// recreateTopology runs ensure on behalf of the pull loop, at most once a second (a stream
+// without a leader for a moment in a cluster also answers "no response from stream"; ensure is
+// idempotent, but need not be hammered). It reports whether the topology was recreated.
+func (w *Worker) recreateTopology(ctx context.Context, cause error, why string) bool {
+	if time.Since(w.lastRepair) < time.Second {
+		return false
+	}
+	w.lastRepair = time.Now()
+	w.log.Warn().AnErr("cause", cause).Msg(why + "; recreating the JetStream topology")
+	if err := w.ensure(ctx); err != nil {
+		w.log.Warn().Err(err).Msg("could not recreate the JetStream topology; trying again")
+		return false
+	}
+	w.log.Warn().Str("requests_epoch", *w.requestsEpoch.Load()).Msg("recreated the JetStream topology")
+	return true
+}
+
+// requestRepair asks the pull loop to recreate the topology if err says part of it is missing.
+func (w *Worker) requestRepair(err error) {
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrStreamNotFound) ||
+		errors.Is(err, jetstream.ErrBucketNotFound) {
+		select {
+		case w.repair <- struct{}{}:
+		default: // already asked
+		}
+	}
+}
+
+// topologyGone reports whether the shared consumer or its stream no longer exists, as opposed
+// to NATS being unreachable (which only needs patience).
+func (w *Worker) topologyGone(ctx context.Context) bool {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := w.cons.Info(ictx)
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 // ID is the replica id written into run records.
@@ -135,6 +196,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			continue
 		}
+		select {
+		case <-w.repair:
+			w.recreateTopology(ctx, nil, "a run found a stream or the run-id bucket missing")
+		default:
+		}
 		n := 1
 	reserve:
 		for n < w.cfg.FetchBatch {
@@ -148,6 +214,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		used, err := w.fetch(ctx, n, work)
 		for i := used; i < n; i++ {
 			<-slots
+		}
+		if err != nil && w.topologyGone(ctx) {
+			// Pulling from a consumer that no longer exists would fail until a restart.
+			if w.recreateTopology(ctx, err, "the request stream or the worker consumer is gone") {
+				fetchErrs = 0
+				continue
+			}
 		}
 		if err != nil {
 			fetchErrs++
