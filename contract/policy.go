@@ -131,7 +131,7 @@ func (p Policy) keepAliveJSON() []byte {
 // sends a request upstream uses it: the model defaults to DefaultModel and must be in the
 // allow-list (SYS1_MODEL_NOT_ALLOWED names the allowed models), keep_alive is the policy's,
 // never the caller's, and the serialized body must fit: 65,536 bytes without images, or
-// 32 MiB with images whose text part still fits in 64 KiB (SYS1_REQUEST_TOO_LARGE).
+// 32 MiB with images, text included (SPEC §5; upstream's own limits, SYS1_REQUEST_TOO_LARGE).
 func (p Policy) Resolve(req *Request) (*Request, *Error) {
 	out := *req
 	out.Model = strings.TrimSpace(out.Model)
@@ -166,9 +166,7 @@ func checkSize(r *Request) *Error {
 		}
 		return nil
 	}
-	if text > MaxTextBytes {
-		return Errorf(CodeRequestTooLarge, "request text (without images) is %d bytes serialized; the limit is %d", text, MaxTextBytes)
-	}
+	// With images upstream bounds only the whole body: the text part may pass 64 KiB.
 	total := text + len(`,"images":[]`)
 	for i := range r.Images {
 		im := &r.Images[i]

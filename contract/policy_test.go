@@ -126,7 +126,8 @@ func TestResolveSize(t *testing.T) {
 		{"text one byte over", sizedRequest(t, MaxTextBytes-modelLen+1, ""), pol, true},
 		{"keep_alive counts", sizedRequest(t, MaxTextBytes-modelLen, ""), Policy{DefaultModel: "nimble", KeepAlive: "5"}, true},
 		{"text with image under 64 KiB", sizedRequest(t, MaxTextBytes-modelLen-100, `,"images":["`+pngB64+`"]`), pol, false},
-		{"text part over 64 KiB with image", sizedRequest(t, MaxTextBytes+1000, `,"images":["`+pngB64+`"]`), pol, true},
+		// SPEC §5: with images only the 32 MiB bound applies, as upstream's.
+		{"text part over 64 KiB with image", sizedRequest(t, MaxTextBytes+1000, `,"images":["`+pngB64+`"]`), pol, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
