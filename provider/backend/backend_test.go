@@ -67,7 +67,7 @@ func TestValidationNamesEveryBadVariable(t *testing.T) {
 		want  []string
 	}{
 		{map[string]string{"SYS1_PROVIDER": "foo"}, 1, []string{`SYS1_PROVIDER: "foo" is not one of ollama, simulator`}},
-		{map[string]string{}, 1, []string{"SYS1_OLLAMA_BASE_URL", "OLLAMA_API_URL"}},
+		{map[string]string{"OLLAMA_API_URL": "http://"}, 1, []string{"OLLAMA_API_URL", "host is missing"}},
 		{map[string]string{"SYS1_OLLAMA_BASE_URL": "nope://x", "SYS1_TIMEOUT_MS": "-1", "SYS1_SIMULATOR_LATENCY": "fast"}, 3,
 			[]string{"SYS1_OLLAMA_BASE_URL", "SYS1_TIMEOUT_MS", "SYS1_SIMULATOR_LATENCY"}},
 		{map[string]string{"SYS1_PROVIDER": "simulator", "SYS1_SIMULATOR_LATENCY": "-5ms"}, 1, []string{"SYS1_SIMULATOR_LATENCY"}},

@@ -13,10 +13,15 @@ import (
 // DefaultTimeout is SYS1_TIMEOUT_MS's default.
 const DefaultTimeout = 30 * time.Second
 
+// DefaultBaseURL is where Ollama listens out of the box, used when neither
+// SYS1_OLLAMA_BASE_URL nor OLLAMA_API_URL is set. The worker's start-up probe names the URL it
+// tried, and /readyz fails while nothing answers there, so a missing setting is never silent.
+const DefaultBaseURL = "http://127.0.0.1:11434"
+
 // Config is the adapter's environment. Numbers are kept as strings so that a bad value is
 // reported by Validate with the variable's name (the env library names struct fields).
 type Config struct {
-	// BaseURL is Ollama's base URL, e.g. http://localhost:11434.
+	// BaseURL is Ollama's base URL; empty means OLLAMA_API_URL, then DefaultBaseURL.
 	BaseURL string `env:"SYS1_OLLAMA_BASE_URL"`
 	// APIURL is the fallback used when BaseURL is empty (the seed's variable name).
 	APIURL string `env:"OLLAMA_API_URL"`
@@ -39,7 +44,7 @@ func (c *Config) baseURL() (raw, variable string) {
 	if v := strings.TrimSpace(c.APIURL); v != "" {
 		return v, "OLLAMA_API_URL"
 	}
-	return "", ""
+	return DefaultBaseURL, "SYS1_OLLAMA_BASE_URL"
 }
 
 // Validate returns one error per bad variable, each naming it.
@@ -57,9 +62,6 @@ func (c *Config) Validate() []error {
 // parseBaseURL checks the base URL. Messages never echo credentials embedded in the URL.
 func (c *Config) parseBaseURL() (*url.URL, error) {
 	raw, variable := c.baseURL()
-	if raw == "" {
-		return nil, fmt.Errorf("SYS1_OLLAMA_BASE_URL: not set (nor OLLAMA_API_URL); set it to Ollama's base URL, e.g. http://localhost:11434")
-	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%s: not a valid URL", variable)

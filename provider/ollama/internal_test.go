@@ -156,3 +156,29 @@ func TestUpstreamTextRedactsAKeyCutByTheBound(t *testing.T) {
 		}
 	}
 }
+
+// With neither SYS1_OLLAMA_BASE_URL nor OLLAMA_API_URL set, the adapter talks to Ollama where it
+// listens out of the box; each set variable wins over what follows it.
+func TestBaseURLDefaultsToLocalOllama(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, DefaultBaseURL},
+		{Config{BaseURL: "  "}, DefaultBaseURL},
+		{Config{APIURL: "http://gpu-box:11434/"}, "http://gpu-box:11434"},
+		{Config{BaseURL: "https://ollama.internal", APIURL: "http://gpu-box:11434"}, "https://ollama.internal"},
+	} {
+		if errs := tc.cfg.Validate(); len(errs) != 0 {
+			t.Errorf("%+v: %v", tc.cfg, errs)
+			continue
+		}
+		c, err := New(tc.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.endpoint != tc.want+"/v1/systemone" {
+			t.Errorf("%+v: endpoint %s, want %s/v1/systemone", tc.cfg, c.endpoint, tc.want)
+		}
+	}
+}

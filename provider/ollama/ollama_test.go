@@ -462,7 +462,6 @@ func TestConfigValidation(t *testing.T) {
 		cfg  ollama.Config
 		want []string
 	}{
-		{"neither URL", ollama.Config{}, []string{"SYS1_OLLAMA_BASE_URL", "OLLAMA_API_URL"}},
 		{"bad scheme", ollama.Config{BaseURL: "ftp://h"}, []string{"SYS1_OLLAMA_BASE_URL", "scheme must be http or https"}},
 		{"fallback named", ollama.Config{APIURL: "localhost:11434"}, []string{"OLLAMA_API_URL"}},
 		{"no host", ollama.Config{BaseURL: "http://"}, []string{"host is missing"}},
@@ -487,7 +486,7 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 	// both bad: one message per variable
-	errs := (&ollama.Config{TimeoutMS: "x"}).Validate()
+	errs := (&ollama.Config{BaseURL: "ftp://h", TimeoutMS: "x"}).Validate()
 	if len(errs) != 2 {
 		t.Errorf("want one error per bad variable, got %v", errs)
 	}
