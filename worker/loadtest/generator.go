@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,6 +76,10 @@ type Report struct {
 	FirstPublishError string `json:"first_publish_error,omitempty"`
 	// DuplicateReplies are replies for runs already answered (replies are at least once).
 	DuplicateReplies int `json:"duplicate_replies"`
+	// UnmatchedReplies are replies for no run this generator awaited: a request whose publish
+	// reported an error though JetStream stored it, or another generator's reply. Neither
+	// kind is counted in Succeeded or Failed.
+	UnmatchedReplies int `json:"unmatched_replies"`
 	// ElapsedMS is from the first publish (or, with a preload, the start of the drain) to the
 	// last reply; Throughput is replies per second over it.
 	ElapsedMS  float64 `json:"elapsed_ms"`
@@ -114,7 +119,10 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &generator{o: o, cl: cl, pending: map[string]time.Time{}, failedBy: map[string]int{}, answeredCh: make(chan struct{}, 1)}
+	g := newGenerator(o, func(ctx context.Context, req client.Request) error {
+		_, err := cl.Publish(ctx, req)
+		return err
+	})
 	// One subscription for every reply: a per-request inbox would cost a subscription round
 	// trip per request and skew what we measure.
 	g.inbox = nc.NewInbox()
@@ -130,7 +138,12 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*Report, error) {
 	if err := nc.Flush(); err != nil {
 		return nil, fmt.Errorf("register the reply subscription: %w", err)
 	}
+	return g.run(ctx)
+}
 
+// run publishes, awaits the replies (delivered to onReply) and makes the report.
+func (g *generator) run(ctx context.Context) (*Report, error) {
+	o := g.o
 	stopProgress := g.progress(ctx)
 	defer stopProgress()
 
@@ -206,26 +219,36 @@ func (o *Options) check() error {
 	return errors.Join(errs...)
 }
 
-type generator struct {
-	o     Options
-	cl    *client.Client
-	inbox string
-	start time.Time
+func newGenerator(o Options, publish func(context.Context, client.Request) error) *generator {
+	return &generator{
+		o: o, publishFn: publish, prefix: "bench-" + nuid.Next() + "-",
+		pending: map[string]time.Time{}, failedBy: map[string]int{}, answeredCh: make(chan struct{}, 1),
+	}
+}
 
-	next     atomic.Int64 // the next request index to publish
-	sent     atomic.Int64
-	answered atomic.Int64
-	pubErrs  atomic.Int64
+type generator struct {
+	o         Options
+	publishFn func(context.Context, client.Request) error
+	inbox     string
+	prefix    string // every run id is prefix + its request index
+	start     time.Time
+
+	next      atomic.Int64 // the next request index to publish
+	sent      atomic.Int64
+	answeredN atomic.Int64
+	pubErrs   atomic.Int64
 	// answeredCh is signalled (non-blocking) on every reply so await notices the end.
 	answeredCh chan struct{}
 
 	mu        sync.Mutex
 	pending   map[string]time.Time // run id → publish start
+	answered  bitset               // request indexes answered: a further reply is a duplicate
 	clock     time.Time            // throughput clock start
 	last      time.Time            // last reply
 	succeeded int
 	failedBy  map[string]int
 	dups      int
+	unmatched int
 	latency   []time.Duration
 	// bodies are the answered replies, decoded only when the report is made: parsing JSON
 	// while the run goes on would take CPU from the deployment being measured.
@@ -240,7 +263,6 @@ type generator struct {
 func (g *generator) publishAll(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	prefix := "bench-" + nuid.Next() + "-"
 	var wg sync.WaitGroup
 	for range g.o.Producers {
 		wg.Go(func() {
@@ -262,7 +284,7 @@ func (g *generator) publishAll(ctx context.Context) error {
 				} else if g.o.Duration > 0 && time.Since(g.start) >= g.o.Duration {
 					return
 				}
-				if err := g.publish(ctx, prefix+strconv.FormatInt(i, 10)); err != nil {
+				if err := g.publish(ctx, i); err != nil {
 					if errors.Is(err, client.ErrNoStream) || errors.Is(err, nats.ErrConnectionClosed) {
 						cancel(err)
 						return
@@ -283,20 +305,36 @@ func (g *generator) publishAll(ctx context.Context) error {
 	return nil
 }
 
-func (g *generator) publish(ctx context.Context, runID string) error {
+func (g *generator) publish(ctx context.Context, i int64) error {
+	runID := g.prefix + strconv.FormatInt(i, 10)
 	// Register before publishing: a fast worker can answer before the publish ack arrives.
 	g.mu.Lock()
 	g.pending[runID] = time.Now()
 	g.mu.Unlock()
-	_, err := g.cl.Publish(ctx, client.Request{Caller: g.o.Caller, Body: g.o.Body, RunID: runID, ReplyTo: g.inbox})
+	err := g.publishFn(ctx, client.Request{Caller: g.o.Caller, Body: g.o.Body, RunID: runID, ReplyTo: g.inbox})
 	if err != nil {
 		g.mu.Lock()
+		answered := g.answered.has(i)
 		delete(g.pending, runID)
 		g.mu.Unlock()
-		return err
+		if !answered {
+			return err
+		}
+		// Answered before the publish reported its error (an ack lost or timed out after
+		// JetStream stored the request): the run was sent, and its reply is already counted.
 	}
 	g.sent.Add(1)
 	return nil
+}
+
+// index is the request index of one of this run's ids.
+func (g *generator) index(runID string) (int64, bool) {
+	rest, ok := strings.CutPrefix(runID, g.prefix)
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.ParseInt(rest, 10, 64)
+	return i, err == nil && i >= 0
 }
 
 // replyView is the part of the reply envelope (SPEC §4) the report needs.
@@ -319,14 +357,24 @@ func (g *generator) onReply(msg *nats.Msg) {
 	defer g.mu.Unlock()
 	sentAt, ok := g.pending[runID]
 	if !ok {
-		g.dups++
+		// Not awaited: a second reply to an answered run (replies are at least once), or a
+		// reply matching no run of ours (another generator's, or a request whose publish
+		// reported an error though JetStream stored it).
+		if i, mine := g.index(runID); mine && g.answered.has(i) {
+			g.dups++
+		} else {
+			g.unmatched++
+		}
 		return
 	}
 	delete(g.pending, runID)
+	if i, mine := g.index(runID); mine {
+		g.answered.set(i)
+	}
 	g.last = now
 	g.latency = append(g.latency, now.Sub(sentAt))
 	g.bodies = append(g.bodies, msg.Data) // a fresh slice per message: safe to keep
-	g.answered.Add(1)
+	g.answeredN.Add(1)
 	select {
 	case g.answeredCh <- struct{}{}:
 	default:
@@ -363,7 +411,7 @@ func (g *generator) tally() {
 func (g *generator) await(ctx context.Context) {
 	idle := time.NewTimer(g.o.ReplyTimeout)
 	defer idle.Stop()
-	for g.answered.Load() < g.sent.Load() {
+	for g.answeredN.Load() < g.sent.Load() {
 		select {
 		case <-ctx.Done():
 			return
@@ -392,6 +440,7 @@ func (g *generator) report(published time.Time) *Report {
 		PublishErrors:     int(g.pubErrs.Load()),
 		FirstPublishError: g.firstPubErr,
 		DuplicateReplies:  g.dups,
+		UnmatchedReplies:  g.unmatched,
 		PublishMS:         ms(published.Sub(g.start)),
 		Latency:           Summarize(g.latency),
 		QueueWait:         Summarize(g.queueWait),
@@ -433,8 +482,8 @@ func (g *generator) progress(ctx context.Context) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				sent, answered := g.sent.Load(), g.answered.Load()
-				g.o.Progress(Progress{Sent: sent, Answered: answered, Outstanding: sent - answered, Elapsed: time.Since(g.start)})
+				sent, answered := g.sent.Load(), g.answeredN.Load()
+				g.o.Progress(Progress{Sent: sent, Answered: answered, Outstanding: max(sent-answered, 0), Elapsed: time.Since(g.start)})
 			}
 		}
 	})
@@ -455,4 +504,20 @@ func waitUntil(ctx context.Context, t time.Time) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// bitset is a growable set of request indexes.
+type bitset []uint64
+
+func (b bitset) has(i int64) bool {
+	w := i / 64
+	return w < int64(len(b)) && b[w]&(1<<(uint64(i)%64)) != 0
+}
+
+func (b *bitset) set(i int64) {
+	w := int(i / 64)
+	if w >= len(*b) {
+		*b = append(*b, make([]uint64, w+1-len(*b))...)
+	}
+	(*b)[w] |= 1 << (uint64(i) % 64)
 }

@@ -22,6 +22,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	if r.DuplicateReplies > 0 {
 		fmt.Fprintf(&b, "duplicate replies %d (replies are at least once)\n", r.DuplicateReplies)
 	}
+	if r.UnmatchedReplies > 0 {
+		fmt.Fprintf(&b, "unmatched replies %d (for no run awaited: a publish that failed yet was stored, or another generator's)\n", r.UnmatchedReplies)
+	}
 	fmt.Fprintf(&b, "throughput    %.1f decisions/s over %.3fs\n", r.Throughput, r.ElapsedMS/1000)
 	if r.CPUPerDecisionMS > 0 {
 		fmt.Fprintf(&b, "process CPU   %.3f ms per decision (%.2fs in all)\n", r.CPUPerDecisionMS, r.CPUMS/1000)

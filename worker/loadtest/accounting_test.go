@@ -1,0 +1,113 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sys1hq/sys1/worker/client"
+)
+
+// These tests drive the generator without NATS: publish is a function of the test, and
+// replies are handed to onReply as the reply subscription would, so every interleaving of
+// publishes, acks and replies is exact rather than left to timing.
+
+const successReply = `{"status":"success","queued_ms":3,"attempts":[{"latency_ms":7}]}`
+
+func replyMsg(runID, body string) *nats.Msg {
+	m := &nats.Msg{Subject: "_INBOX.x", Data: []byte(body), Header: nats.Header{}}
+	if runID != "" {
+		m.Header.Set(client.HeaderRunID, runID)
+	}
+	return m
+}
+
+// fakeRun runs a generator whose publishes go to publish (given the generator, to answer).
+func fakeRun(t *testing.T, o Options, publish func(g *generator, i int64, req client.Request) error) (*generator, *Report) {
+	t.Helper()
+	if o.Producers == 0 {
+		o.Producers = 1
+	}
+	o.Caller, o.Body = "bench", []byte(`{}`)
+	if o.ReplyTimeout == 0 {
+		// Only reached by runs left unanswered on purpose: nothing can arrive later.
+		o.ReplyTimeout = time.Millisecond
+	}
+	if err := o.check(); err != nil {
+		t.Fatal(err)
+	}
+	var g *generator
+	g = newGenerator(o, func(_ context.Context, req client.Request) error {
+		i, ok := g.index(req.RunID)
+		if !ok {
+			t.Errorf("run id %q is not one of the generator's", req.RunID)
+		}
+		return publish(g, i, req)
+	})
+	rep, err := g.run(context.Background())
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	checkAddsUp(t, rep)
+	return g, rep
+}
+
+// A reply that arrives before the publish call returns an error (JetStream stored the
+// request, the ack was lost) is a sent, answered run, not a publish error plus an extra
+// success: sent = succeeded + failed must hold.
+func TestReplyBeforeAFailedPublishAckIsASentRun(t *testing.T) {
+	_, rep := fakeRun(t, Options{Requests: 3}, func(g *generator, i int64, req client.Request) error {
+		g.onReply(replyMsg(req.RunID, successReply))
+		if i == 1 {
+			return errors.New("publish: nats: timeout")
+		}
+		return nil
+	})
+	if rep.Sent != 3 || rep.Succeeded != 3 || rep.Failed != 0 || rep.PublishErrors != 0 {
+		t.Fatalf("sent %d succeeded %d failed %d publish errors %d; want 3 sent, 3 succeeded, no errors",
+			rep.Sent, rep.Succeeded, rep.Failed, rep.PublishErrors)
+	}
+}
+
+// A second reply to an answered run is a duplicate; a reply matching no awaited run (a
+// failed publish that was stored after all, another generator's, no run id) is unmatched.
+// Neither changes the outcome counts.
+func TestDuplicateAndUnmatchedRepliesAreNotOutcomes(t *testing.T) {
+	var failedID string
+	g, rep := fakeRun(t, Options{Requests: 4}, func(g *generator, i int64, req client.Request) error {
+		switch i {
+		case 0:
+			g.onReply(replyMsg(req.RunID, successReply))
+			g.onReply(replyMsg(req.RunID, successReply)) // at-least-once delivery
+		case 2:
+			failedID = req.RunID
+			return errors.New("publish: stream full")
+		default:
+			g.onReply(replyMsg(req.RunID, `{"status":"failed","error":{"code":"SYS1_PROVIDER_ERROR"},"queued_ms":1,"attempts":[{"latency_ms":2},{"latency_ms":4}]}`))
+		}
+		return nil
+	})
+	if rep.Sent != 3 || rep.Succeeded != 1 || rep.Failed != 2 || rep.FailedBy["SYS1_PROVIDER_ERROR"] != 2 || rep.PublishErrors != 1 {
+		t.Fatalf("report %+v: want 3 sent, 1 succeeded, 2 SYS1_PROVIDER_ERROR, 1 publish error", rep)
+	}
+	// After the report, as a late subscription would deliver them.
+	g.onReply(replyMsg(failedID, successReply))
+	g.onReply(replyMsg("someone-else-7", successReply))
+	g.onReply(replyMsg("", successReply))
+	rep = g.report(time.Now())
+	checkAddsUp(t, rep)
+	if rep.DuplicateReplies != 1 || rep.UnmatchedReplies != 3 || rep.Sent != 3 || rep.Succeeded != 1 {
+		t.Fatalf("duplicates %d unmatched %d (sent %d succeeded %d); want 1 duplicate, 3 unmatched, counts unchanged",
+			rep.DuplicateReplies, rep.UnmatchedReplies, rep.Sent, rep.Succeeded)
+	}
+	// Queue wait from every answered run's queued_ms, provider time from every attempt.
+	if rep.QueueWait.Count != 3 || rep.QueueWait.MinMS != 1 || rep.QueueWait.MaxMS != 3 {
+		t.Errorf("queue wait %+v, want 3 samples 1..3 ms", rep.QueueWait)
+	}
+	if rep.ProviderTime.Count != 5 || rep.ProviderTime.MinMS != 2 || rep.ProviderTime.MaxMS != 7 || rep.ProviderTime.P50MS != 4 {
+		t.Errorf("provider time %+v, want 5 attempts 2,2,4,4,7 ms", rep.ProviderTime)
+	}
+}
