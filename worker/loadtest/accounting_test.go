@@ -111,3 +111,30 @@ func TestDuplicateAndUnmatchedRepliesAreNotOutcomes(t *testing.T) {
 		t.Errorf("provider time %+v, want 5 attempts 2,2,4,4,7 ms", rep.ProviderTime)
 	}
 }
+
+// A reply that comes after the generator gave up waiting is late: its run stays no_reply
+// and the throughput window still ends at the last reply awaited.
+func TestRepliesAfterTheWaitEndedAreLate(t *testing.T) {
+	var lateID string
+	g, rep := fakeRun(t, Options{Requests: 3}, func(g *generator, i int64, req client.Request) error {
+		if i == 2 {
+			lateID = req.RunID // never answered while the generator waits
+			return nil
+		}
+		g.onReply(replyMsg(req.RunID, successReply))
+		return nil
+	})
+	if rep.Sent != 3 || rep.Succeeded != 2 || rep.FailedBy[CodeNoReply] != 1 {
+		t.Fatalf("report %+v: want 3 sent, 2 succeeded, 1 %s", rep, CodeNoReply)
+	}
+	elapsed := rep.ElapsedMS
+	// The reply arrives between the end of the wait and the report being made.
+	g.onReply(replyMsg(lateID, successReply))
+	g.onReply(replyMsg(lateID, successReply))
+	rep = g.report(time.Now())
+	checkAddsUp(t, rep)
+	if rep.Succeeded != 2 || rep.FailedBy[CodeNoReply] != 1 || rep.LateReplies != 2 || rep.Latency.Count != 2 || rep.ElapsedMS != elapsed {
+		t.Fatalf("after a late reply: succeeded %d, %s %d, late %d, latency n=%d, elapsed %gms (was %gms); want 2, 1, 2, 2, unchanged",
+			rep.Succeeded, CodeNoReply, rep.FailedBy[CodeNoReply], rep.LateReplies, rep.Latency.Count, rep.ElapsedMS, elapsed)
+	}
+}

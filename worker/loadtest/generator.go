@@ -80,6 +80,9 @@ type Report struct {
 	// reported an error though JetStream stored it, or another generator's reply. Neither
 	// kind is counted in Succeeded or Failed.
 	UnmatchedReplies int `json:"unmatched_replies"`
+	// LateReplies are replies that came after the generator stopped waiting (ReplyTimeout
+	// without a reply, or interrupted): their runs stay counted as CodeNoReply.
+	LateReplies int `json:"late_replies"`
 	// ElapsedMS is from the first publish (or, with a preload, the start of the drain) to the
 	// last reply; Throughput is replies per second over it.
 	ElapsedMS  float64 `json:"elapsed_ms"`
@@ -172,6 +175,11 @@ func (g *generator) run(ctx context.Context) (*Report, error) {
 		cpu0 = cpuAtStart
 	}
 	g.await(ctx)
+	// From here the outstanding runs are no_reply: a reply still to come is late, and must
+	// neither turn one into an answer nor stretch the throughput window by the wait.
+	g.mu.Lock()
+	g.givenUp = true
+	g.mu.Unlock()
 	cpu1, _ := processCPU()
 	if o.Sampler != nil {
 		o.Sampler.Stop()
@@ -249,6 +257,8 @@ type generator struct {
 	failedBy  map[string]int
 	dups      int
 	unmatched int
+	late      int  // replies to runs already given up as no_reply
+	givenUp   bool // await has ended: outstanding runs are no_reply
 	latency   []time.Duration
 	// bodies are the answered replies, decoded only when the report is made: parsing JSON
 	// while the run goes on would take CPU from the deployment being measured.
@@ -356,6 +366,10 @@ func (g *generator) onReply(msg *nats.Msg) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	sentAt, ok := g.pending[runID]
+	if ok && g.givenUp {
+		g.late++
+		return
+	}
 	if !ok {
 		// Not awaited: a second reply to an answered run (replies are at least once), or a
 		// reply matching no run of ours (another generator's, or a request whose publish
@@ -441,6 +455,7 @@ func (g *generator) report(published time.Time) *Report {
 		FirstPublishError: g.firstPubErr,
 		DuplicateReplies:  g.dups,
 		UnmatchedReplies:  g.unmatched,
+		LateReplies:       g.late,
 		PublishMS:         ms(published.Sub(g.start)),
 		Latency:           Summarize(g.latency),
 		QueueWait:         Summarize(g.queueWait),

@@ -22,6 +22,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	if r.DuplicateReplies > 0 {
 		fmt.Fprintf(&b, "duplicate replies %d (replies are at least once)\n", r.DuplicateReplies)
 	}
+	if r.LateReplies > 0 {
+		fmt.Fprintf(&b, "late replies  %d (after the wait ended; counted as %s)\n", r.LateReplies, CodeNoReply)
+	}
 	if r.UnmatchedReplies > 0 {
 		fmt.Fprintf(&b, "unmatched replies %d (for no run awaited: a publish that failed yet was stored, or another generator's)\n", r.UnmatchedReplies)
 	}
