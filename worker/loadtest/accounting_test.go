@@ -3,6 +3,7 @@ package loadtest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,5 +137,54 @@ func TestRepliesAfterTheWaitEndedAreLate(t *testing.T) {
 	if rep.Succeeded != 2 || rep.FailedBy[CodeNoReply] != 1 || rep.LateReplies != 2 || rep.Latency.Count != 2 || rep.ElapsedMS != elapsed {
 		t.Fatalf("after a late reply: succeeded %d, %s %d, late %d, latency n=%d, elapsed %gms (was %gms); want 2, 1, 2, 2, unchanged",
 			rep.Succeeded, CodeNoReply, rep.FailedBy[CodeNoReply], rep.LateReplies, rep.Latency.Count, rep.ElapsedMS, elapsed)
+	}
+}
+
+// With a rate, producers that cannot keep up (here every publish takes 10 ms against a
+// 100 µs schedule) publish late: the report says so instead of passing off the lower
+// achieved rate silently. Only lower bounds are asserted: a slow publish cannot be early.
+func TestScheduleLagShowsProducersBehindTheRate(t *testing.T) {
+	const n, rate = 20, 10000.0
+	_, rep := fakeRun(t, Options{Requests: n, Rate: rate}, func(g *generator, _ int64, req client.Request) error {
+		<-time.After(10 * time.Millisecond) // the fake's publish latency
+		g.onReply(replyMsg(req.RunID, successReply))
+		return nil
+	})
+	if rep.TargetRate != rate || rep.ScheduleLag.Count != n || rep.Sent != n {
+		t.Fatalf("target %g, schedule lag n=%d, sent %d; want %g, %d, %d", rep.TargetRate, rep.ScheduleLag.Count, rep.Sent, rate, n, n)
+	}
+	// Publish i starts at least i × 10 ms after the start and is due i × 0.1 ms after it.
+	if want := (n - 1) * 9.9; rep.ScheduleLag.MaxMS < want {
+		t.Fatalf("max schedule lag %gms, want ≥ %gms", rep.ScheduleLag.MaxMS, want)
+	}
+	if !rep.Behind() {
+		t.Fatal("a run 190 ms behind a 100 µs schedule is not reported as behind")
+	}
+	var text strings.Builder
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"(target 10000/s)", "BEHIND SCHEDULE", "sched. lag    p50"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, text.String())
+		}
+	}
+}
+
+func TestBehindThresholds(t *testing.T) {
+	for _, tc := range []struct {
+		rate, maxLagMS float64
+		want           bool
+	}{
+		{0, 5000, false},    // no target: no schedule
+		{1000, 100, false},  // 100 ms is the floor, not above it
+		{1000, 100.5, true}, // > 100 ms and > 10 intervals (10 ms)
+		{50, 150, false},    // 10 intervals at 50/s are 200 ms
+		{50, 200.5, true},
+	} {
+		r := &Report{TargetRate: tc.rate, ScheduleLag: Summary{Count: 1, MaxMS: tc.maxLagMS}}
+		if got := r.Behind(); got != tc.want {
+			t.Errorf("rate %g max lag %gms: behind %v, want %v", tc.rate, tc.maxLagMS, got, tc.want)
+		}
 	}
 }

@@ -90,6 +90,12 @@ type Report struct {
 	// PublishMS is how long publishing took; PublishRate the achieved publish rate.
 	PublishMS   float64 `json:"publish_ms"`
 	PublishRate float64 `json:"publish_rate_per_s"`
+	// TargetRate is Options.Rate (0: as fast as possible). ScheduleLag is, with a rate, how
+	// late each publish started against its due time (request i is due i/rate after the
+	// start): near zero when the producers keep up; growing when they cannot, and then the
+	// achieved rate is below the target (more producers, -c, or a lower rate).
+	TargetRate  float64 `json:"target_rate_per_s"`
+	ScheduleLag Summary `json:"schedule_lag"`
 	// Latency is end to end: publish start to reply received, per answered run.
 	Latency Summary `json:"latency"`
 	// QueueWait is the reply's queued_ms: stream publish to the worker starting the run.
@@ -265,6 +271,7 @@ type generator struct {
 	bodies      [][]byte
 	queueWait   []time.Duration
 	providerMS  []time.Duration
+	lag         []time.Duration // with a rate: how late each publish started against its due time
 	firstPubErr string
 }
 
@@ -281,20 +288,23 @@ func (g *generator) publishAll(ctx context.Context) error {
 				if g.o.Requests > 0 && i >= int64(g.o.Requests) {
 					return
 				}
+				var dueAt time.Time
 				if g.o.Rate > 0 {
 					// The i-th request is due at i/rate: a schedule, not a sleep after each
-					// publish, so a slow ack does not lower the rate.
+					// publish, so a slow ack does not lower the rate. Producers that fall
+					// behind publish late rather than skip (the report's schedule lag).
 					due := time.Duration(float64(i) / g.o.Rate * float64(time.Second))
 					if g.o.Duration > 0 && due >= g.o.Duration {
 						return
 					}
-					if !waitUntil(ctx, g.start.Add(due)) {
+					dueAt = g.start.Add(due)
+					if !waitUntil(ctx, dueAt) {
 						return
 					}
 				} else if g.o.Duration > 0 && time.Since(g.start) >= g.o.Duration {
 					return
 				}
-				if err := g.publish(ctx, i); err != nil {
+				if err := g.publish(ctx, i, dueAt); err != nil {
 					if errors.Is(err, client.ErrNoStream) || errors.Is(err, nats.ErrConnectionClosed) {
 						cancel(err)
 						return
@@ -315,11 +325,16 @@ func (g *generator) publishAll(ctx context.Context) error {
 	return nil
 }
 
-func (g *generator) publish(ctx context.Context, i int64) error {
+// publish publishes request i, due at dueAt (zero: no schedule).
+func (g *generator) publish(ctx context.Context, i int64, dueAt time.Time) error {
 	runID := g.prefix + strconv.FormatInt(i, 10)
 	// Register before publishing: a fast worker can answer before the publish ack arrives.
 	g.mu.Lock()
-	g.pending[runID] = time.Now()
+	now := time.Now()
+	g.pending[runID] = now
+	if !dueAt.IsZero() {
+		g.lag = append(g.lag, max(now.Sub(dueAt), 0))
+	}
 	g.mu.Unlock()
 	err := g.publishFn(ctx, client.Request{Caller: g.o.Caller, Body: g.o.Body, RunID: runID, ReplyTo: g.inbox})
 	if err != nil {
@@ -460,6 +475,8 @@ func (g *generator) report(published time.Time) *Report {
 		Latency:           Summarize(g.latency),
 		QueueWait:         Summarize(g.queueWait),
 		ProviderTime:      Summarize(g.providerMS),
+		TargetRate:        g.o.Rate,
+		ScheduleLag:       Summarize(g.lag),
 	}
 	for code, n := range g.failedBy {
 		r.FailedBy[code] = n

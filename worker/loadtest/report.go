@@ -32,13 +32,23 @@ func (r *Report) WriteText(w io.Writer) error {
 	if r.CPUPerDecisionMS > 0 {
 		fmt.Fprintf(&b, "process CPU   %.3f ms per decision (%.2fs in all)\n", r.CPUPerDecisionMS, r.CPUMS/1000)
 	}
-	fmt.Fprintf(&b, "publish rate  %.1f requests/s over %.3fs\n", r.PublishRate, r.PublishMS/1000)
+	fmt.Fprintf(&b, "publish rate  %.1f requests/s over %.3fs", r.PublishRate, r.PublishMS/1000)
+	if r.TargetRate > 0 {
+		fmt.Fprintf(&b, " (target %g/s)", r.TargetRate)
+		if r.Behind() {
+			fmt.Fprintf(&b, "\n  BEHIND SCHEDULE: publishes started up to %s late; the target was not reached (raise -c or lower --rate)", fmtMS(r.ScheduleLag.MaxMS))
+		}
+	}
+	b.WriteString("\n")
 	line := func(name string, s Summary) {
 		if s.Count == 0 {
 			fmt.Fprintf(&b, "%-13s -\n", name)
 			return
 		}
 		fmt.Fprintf(&b, "%-13s p50 %s  p90 %s  p99 %s  max %s  (n=%d)\n", name, fmtMS(s.P50MS), fmtMS(s.P90MS), fmtMS(s.P99MS), fmtMS(s.MaxMS), s.Count)
+	}
+	if r.TargetRate > 0 {
+		line("sched. lag", r.ScheduleLag)
 	}
 	line("latency", r.Latency)
 	line("queue wait", r.QueueWait)
@@ -73,4 +83,14 @@ func fmtMS(v float64) string {
 
 func fmtBytes(n uint64) string {
 	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+// Behind reports whether, with a target rate, the producers fell behind the schedule: some
+// publish started more than 100 ms and more than ten intervals (10 ÷ rate) after it was due.
+// Timer slack is far below either; a generator that cannot keep up drifts past both.
+func (r *Report) Behind() bool {
+	if r.TargetRate <= 0 || r.ScheduleLag.Count == 0 {
+		return false
+	}
+	return r.ScheduleLag.MaxMS > 100 && r.ScheduleLag.MaxMS > 10*1000/r.TargetRate
 }
