@@ -71,7 +71,9 @@ func (r *run) process(ctx context.Context) {
 	r.log = w.log.With().Str("run_id", r.runID).Uint64("stream_seq", meta.Sequence.Stream).Uint64("delivery", meta.NumDelivered).Logger()
 
 	// Identity first: nothing else about a request matters until we know who sent it.
-	identity, aerr := w.opt.Auth.Authenticate(ctx, r.msg.Subject(), hdr)
+	// The authenticator logs through the context's logger (a JWKS refresh a token caused), so
+	// its lines carry this run's run_id.
+	identity, aerr := w.opt.Auth.Authenticate(r.log.WithContext(ctx), r.msg.Subject(), hdr)
 	if aerr != nil && (aerr.Code != contract.CodeForbidden || identity.Kind != contract.CallerKindJWT || identity.Caller == "") {
 		// Only a verified jwt caller refused for its roles and scopes keeps its identity (the
 		// record says who was refused); any other refusal has no verified caller.

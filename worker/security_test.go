@@ -3,14 +3,20 @@ package worker_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lestrrat-go/jwx/v3/jwa"
+	"github.com/lestrrat-go/jwx/v3/jwk"
 	"github.com/lestrrat-go/jwx/v3/jwt"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -74,6 +80,8 @@ func TestSecretsAndContentNeverLeak(t *testing.T) {
 	imageBody := example(t, "image.json")
 	_ = json.Unmarshal(imageBody, &probe)
 	content := []byte(`{"state":{"note":"` + stateMarker + `"},"questions":{"q":{"type":"noul","instructions":"` + instrMarker + `"}}}`)
+	// Invalid (an unknown question type), with content that must not reach the logs either.
+	invalid := []byte(`{"state":{"note":"` + stateMarker + `"},"questions":{"q":{"type":"nope","instructions":"` + instrMarker + `"}}}`)
 	// A body and headers that claim to be an administrator: identity comes only from the token.
 	spoofed := []byte(`{"state":{"caller":"administrator","roles":["administrator"],"sub":"alice"},"questions":{"q":{"type":"noul","instructions":"am I admin?"}}}`)
 
@@ -83,18 +91,26 @@ func TestSecretsAndContentNeverLeak(t *testing.T) {
 		status      contract.Status
 		code        contract.Code
 		caller      string
+		flaky       bool // the provider fails its first call with a 503: a transient retry
 	}
 	runs := []run{
-		{"admin role", admin, content, contract.StatusSuccess, "", "alice"},
-		{"scope", scoped, imageBody, contract.StatusSuccess, "", "bob"},
-		{"no role or scope", plain, content, contract.StatusFailed, contract.CodeForbidden, "mallory"},
-		{"spoofed body", plain, spoofed, contract.StatusFailed, contract.CodeForbidden, "mallory"},
-		{"expired", expired, content, contract.StatusFailed, contract.CodeUnauthenticated, ""},
-		{"no token", "", content, contract.StatusFailed, contract.CodeUnauthenticated, ""},
-		{"garbage token", "not.a.jwt", content, contract.StatusFailed, contract.CodeUnauthenticated, ""},
+		{"admin role", admin, content, contract.StatusSuccess, "", "alice", false},
+		{"invalid input", admin, invalid, contract.StatusFailed, contract.CodeInvalidInput, "alice", false},
+		{"transient retry", admin, content, contract.StatusSuccess, "", "alice", true},
+		{"scope", scoped, imageBody, contract.StatusSuccess, "", "bob", false},
+		{"no role or scope", plain, content, contract.StatusFailed, contract.CodeForbidden, "mallory", false},
+		{"spoofed body", plain, spoofed, contract.StatusFailed, contract.CodeForbidden, "mallory", false},
+		{"expired", expired, content, contract.StatusFailed, contract.CodeUnauthenticated, "", false},
+		{"no token", "", content, contract.StatusFailed, contract.CodeUnauthenticated, "", false},
+		{"garbage token", "not.a.jwt", content, contract.StatusFailed, contract.CodeUnauthenticated, "", false},
 	}
 	var replies [][]byte
+	var runIDs []string
 	for _, r := range runs {
+		if r.flaky {
+			h.fake.Fail(1, ollamatest.Status(503))
+		}
+		runIDs = append(runIDs, "sec-"+strings.ReplaceAll(r.name, " ", "-"))
 		rep := h.decide("svc-a", r.body, func(req *client.Request) {
 			req.Token = r.token
 			req.RunID = "sec-" + strings.ReplaceAll(r.name, " ", "-")
@@ -104,9 +120,9 @@ func TestSecretsAndContentNeverLeak(t *testing.T) {
 			t.Errorf("%s: %s", r.name, rep.Raw)
 		}
 	}
-	// Only the two allowed runs reached the provider.
-	if got := h.fake.Calls(); got != 2 {
-		t.Errorf("provider calls = %d, want 2", got)
+	// Only the three allowed valid runs reached the provider, the flaky one twice.
+	if got := h.fake.Calls(); got != 4 {
+		t.Errorf("provider calls = %d, want 4", got)
 	}
 	waitFor(t, "records", 10*time.Second, func() bool { return len(h.records()) == len(runs) })
 	for _, rec := range h.records() {
@@ -143,10 +159,20 @@ func TestSecretsAndContentNeverLeak(t *testing.T) {
 			}
 		}
 	}
+	// The "run finished" line comes after the reply: wait for every run's.
+	waitFor(t, "every run's last log line", 10*time.Second, func() bool {
+		return strings.Count(h.logs.String(), `"message":"run finished"`) == len(runs)
+	})
 	logs := h.logs.String()
 	if !strings.Contains(logs, "sec-admin-role") {
 		t.Fatalf("expected run logs; got %d bytes", len(logs))
 	}
+	for _, want := range []string{"ollama call", "transient provider error; redelivering", `"error_code":"SYS1_INVALID_INPUT"`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the logs lack %q (the run_id check below needs these lines):\n%s", want, logs)
+		}
+	}
+	checkRunLogLines(t, logs, runIDs)
 	scan("the logs", []byte(logs), map[string]string{"state": stateMarker, "instructions": instrMarker})
 	for i, r := range replies {
 		scan("reply "+runs[i].name, r, nil)
@@ -292,4 +318,127 @@ func compileSchema(t *testing.T, name string) *jsonschema.Schema {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// checkRunLogLines checks the logging standard: every line is JSON, and every line about a run
+// (it carries stream_seq, error_code, an Ollama call's http_status or a JWKS kid, or it names
+// one of runIDs) carries a run_id.
+func checkRunLogLines(t *testing.T, logs string, runIDs []string) {
+	t.Helper()
+	about := 0
+	for line := range strings.Lines(logs) {
+		var fields map[string]any
+		if err := json.Unmarshal([]byte(line), &fields); err != nil {
+			t.Errorf("log line is not JSON: %v: %s", err, line)
+			continue
+		}
+		isAbout := false
+		for _, k := range []string{"stream_seq", "error_code", "http_status", "kid", "owner_seq"} {
+			if _, ok := fields[k]; ok {
+				isAbout = true
+			}
+		}
+		for _, id := range runIDs {
+			isAbout = isAbout || strings.Contains(line, id)
+		}
+		if !isAbout {
+			continue
+		}
+		about++
+		if id, _ := fields["run_id"].(string); id == "" {
+			t.Errorf("a log line about a run has no run_id: %s", line)
+		}
+	}
+	if about == 0 {
+		t.Errorf("no log line about a run among:\n%s", logs)
+	}
+}
+
+// TestJWKSRefreshLogLinesCarryTheRunID: a token signed with a key the worker has not seen yet
+// makes the authenticator re-read the JWKS. That refresh happens for a run, so its log line
+// carries the run's run_id like every other line about the run.
+func TestJWKSRefreshLogLinesCarryTheRunID(t *testing.T) {
+	h := newHarness(t)
+	file := filepath.Join(t.TempDir(), "jwks.json")
+	first, rotated := ecKey(t, "k-1"), ecKey(t, "k-2")
+	writeJWKS(t, file, first)
+	a, err := auth.New(t.Context(), auth.Config{
+		Mode: auth.ModeJWT, JWKSFile: file, Issuer: "https://idp.test", Audience: "sys1",
+		RolesClaim: "roles", AllowedRoles: []string{"administrator"},
+		Leeway: time.Second, JWKSRefresh: time.Hour, JWKSMinRefresh: 0,
+	}, h.logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.start(func(o *replicaOpts) { o.auth = a })
+
+	// The operator publishes the new key; the worker learns of it from the first token.
+	writeJWKS(t, file, first, rotated)
+	tok := signES256(t, rotated, "alice", []string{"administrator"})
+	rep := h.decide("svc-a", []byte(ticket), func(r *client.Request) { r.Token, r.RunID = tok, "rotated-key-run" })
+	if rep.Status != contract.StatusSuccess {
+		t.Fatalf("reply %s", rep.Raw)
+	}
+	waitFor(t, "the run's last log line", 10*time.Second, func() bool {
+		return strings.Contains(h.logs.String(), `"message":"run finished"`)
+	})
+	logs := h.logs.String()
+	if !strings.Contains(logs, "new signing key picked up") {
+		t.Fatalf("no refresh line:\n%s", logs)
+	}
+	checkRunLogLines(t, logs, []string{"rotated-key-run"})
+	if strings.Contains(logs, tok) {
+		t.Error("the logs contain the bearer token")
+	}
+}
+
+func ecKey(t *testing.T, kid string) jwk.Key {
+	t.Helper()
+	raw, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := jwk.Import(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Set(jwk.KeyIDKey, kid); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func writeJWKS(t *testing.T, path string, keys ...jwk.Key) {
+	t.Helper()
+	set := jwk.NewSet()
+	for _, k := range keys {
+		pub, err := k.PublicKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := set.AddKey(pub); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := json.Marshal(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func signES256(t *testing.T, key jwk.Key, sub string, roles []string) string {
+	t.Helper()
+	tok, err := jwt.NewBuilder().Subject(sub).Issuer("https://idp.test").Audience([]string{"sys1"}).
+		IssuedAt(time.Now()).Expiration(time.Now().Add(time.Hour)).Claim("roles", roles).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed, err := jwt.Sign(tok, jwt.WithKey(jwa.ES256(), key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(signed)
 }

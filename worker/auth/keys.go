@@ -164,12 +164,18 @@ func (k *keySet) lookup(ctx context.Context, kid string) (jwk.Key, error) {
 	}
 	err := k.refreshLocked(ctx)
 	k.mu.Unlock()
+	// A request's token caused this refresh: its lines go to the request's logger when ctx
+	// carries one (the worker's, with the run_id), so they can be tied to the run.
+	log := &k.log
+	if l := zerolog.Ctx(ctx); l != zerolog.DefaultContextLogger && l.GetLevel() != zerolog.Disabled {
+		log = l
+	}
 	if err != nil {
-		k.log.Warn().Err(err).Str("jwks", k.source).Msg("JWKS refresh for an unknown kid failed")
+		log.Warn().Err(err).Str("jwks", k.source).Msg("JWKS refresh for an unknown kid failed")
 		return nil, errUnknownKid
 	}
 	if key, ok := k.find(kid); ok {
-		k.log.Info().Str("jwks", k.source).Str("kid", kid).Msg("JWKS refreshed: new signing key picked up")
+		log.Info().Str("jwks", k.source).Str("kid", kid).Msg("JWKS refreshed: new signing key picked up")
 		return key, nil
 	}
 	return nil, errUnknownKid
