@@ -67,11 +67,20 @@ type benchFlags struct {
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	var f benchFlags
+	f, code, ok := parseBenchFlags(args, stderr)
+	if !ok {
+		return code
+	}
+	return f.run(ctx, stdout, stderr)
+}
+
+// parseBenchFlags parses and checks the flags; on !ok the command exits with code.
+func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, ok bool) {
+	f = &benchFlags{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, benchUsage); fs.PrintDefaults() }
-	fs.IntVar(&f.n, "n", 2000, "requests to publish (with --duration: at most this many; 0 = no cap)")
+	fs.IntVar(&f.n, "n", 2000, "requests to publish (with --duration: at most this many, no cap unless given; 0 = no cap)")
 	fs.DurationVar(&f.duration, "duration", 0, "publish for this long instead of a fixed count")
 	fs.Float64Var(&f.rate, "rate", 0, "target publish rate over all producers, per second (0 = as fast as possible)")
 	fs.IntVar(&f.producers, "c", 16, "concurrent producers")
@@ -93,19 +102,29 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&f.memSample, "mem-sample", 250*time.Millisecond, "--self: memory sampling period")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
+			return nil, exitOK, false
 		}
-		return exitUsage
+		return nil, exitUsage, false
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "sys1 bench: unexpected argument %q\n", fs.Arg(0))
 		fs.Usage()
-		return exitUsage
+		return nil, exitUsage, false
 	}
-	if err := f.check(); err != nil {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if f.duration > 0 && !set["n"] {
+		// --duration alone publishes for that long: the default count would end it early.
+		f.n = 0
+	}
+	if err := f.check(set); err != nil {
 		fmt.Fprintf(stderr, "sys1 bench: %v\n", err)
-		return exitUsage
+		return nil, exitUsage, false
 	}
+	return f, exitOK, true
+}
+
+func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 	body, err := loadtest.Template(f.template)
 	if err != nil {
 		fmt.Fprintf(stderr, "sys1 bench: --template: %v\n", err)
@@ -245,10 +264,20 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return exitOK
 }
 
-func (f *benchFlags) check() error {
+// selfOnly are the flags that only mean something with --self.
+var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "provider-latency", "preload", "hold", "mem-sample"}
+
+// check validates the flags; set holds the names given on the command line.
+func (f *benchFlags) check(set map[string]bool) error {
 	var errs []error
 	if f.n < 0 {
 		errs = append(errs, fmt.Errorf("-n must not be negative, got %d", f.n))
+	}
+	if f.duration < 0 {
+		errs = append(errs, fmt.Errorf("--duration must not be negative, got %s", f.duration))
+	}
+	if f.fetchBatch < 0 {
+		errs = append(errs, fmt.Errorf("--fetch-batch must not be negative, got %d", f.fetchBatch))
 	}
 	if f.n == 0 && f.duration <= 0 {
 		errs = append(errs, errors.New("-n 0 needs a --duration"))
@@ -268,16 +297,16 @@ func (f *benchFlags) check() error {
 		errs = append(errs, fmt.Errorf("--progress must be auto, always or never, got %q", f.progress))
 	}
 	if !f.self {
-		for _, name := range []string{"preload", "hold"} {
-			if (name == "preload" && f.preload) || (name == "hold" && f.hold) {
+		for _, name := range selfOnly {
+			if set[name] {
 				errs = append(errs, fmt.Errorf("--%s needs --self", name))
 			}
 		}
 	} else if f.metricsURLs != "" {
 		errs = append(errs, errors.New("--metrics-url is for an external deployment; --self reports the peak itself"))
 	}
-	if f.preload && f.n == 0 {
-		errs = append(errs, errors.New("--preload needs -n (a fixed backlog)"))
+	if f.preload && (f.n == 0 || f.duration > 0) {
+		errs = append(errs, errors.New("--preload needs -n (a fixed backlog) and no --duration"))
 	}
 	if f.memSample <= 0 {
 		errs = append(errs, fmt.Errorf("--mem-sample must be positive, got %s", f.memSample))

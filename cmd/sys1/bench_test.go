@@ -132,6 +132,14 @@ func TestBenchUsageErrors(t *testing.T) {
 		{[]string{"--template", "seventy"}, `unknown template "seventy"`},
 		{[]string{"--self", "--replicas", "-1"}, "replicas must be 0–64"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"--replicas", "3"}, "--replicas needs --self"},
+		{[]string{"--concurrency", "8"}, "--concurrency needs --self"},
+		{[]string{"--fetch-batch", "4"}, "--fetch-batch needs --self"},
+		{[]string{"--provider-latency", "1ms"}, "--provider-latency needs --self"},
+		{[]string{"--mem-sample", "1s"}, "--mem-sample needs --self"},
+		{[]string{"--duration", "-1s"}, "--duration must not be negative"},
+		{[]string{"--self", "--fetch-batch", "-1"}, "--fetch-batch must not be negative"},
+		{[]string{"--self", "--preload", "--duration", "1s"}, "--preload needs -n (a fixed backlog) and no --duration"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), append([]string{"bench", "--progress", "never"}, tc.args...), &stdout, &stderr)
@@ -189,5 +197,27 @@ func TestBenchSelfHoldKeepsTheServerUntilInterrupted(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("bench did not stop after interrupt")
+	}
+}
+
+// --duration alone publishes for that long: the default -n must not cap it; an explicit -n does.
+func TestBenchDurationIsNotCappedByTheDefaultCount(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		n    int
+	}{
+		{[]string{}, 2000},
+		{[]string{"--duration", "10s"}, 0},
+		{[]string{"--duration", "10s", "-n", "50"}, 50},
+		{[]string{"-n", "50"}, 50},
+	} {
+		var stderr bytes.Buffer
+		f, code, ok := parseBenchFlags(tc.args, &stderr)
+		if !ok {
+			t.Fatalf("%v: exit %d: %s", tc.args, code, stderr.String())
+		}
+		if f.n != tc.n {
+			t.Errorf("%v: -n %d, want %d", tc.args, f.n, tc.n)
+		}
 	}
 }
