@@ -244,6 +244,10 @@ func (s *Sink) fetch(ctx context.Context, cons jetstream.Consumer) ([]jetstream.
 	return msgs, nil
 }
 
+// headerRunID is the header the worker sets on every record it publishes (worker.HeaderRunID):
+// the record's run id, readable even when its body is not.
+const headerRunID = "Sys1-Run-Id"
+
 // prepared is a batch split into insertable rows and dead letters, and how far its insert got
 // (each step is done once; a retry resumes where the last attempt failed).
 type prepared struct {
@@ -260,6 +264,7 @@ type prepared struct {
 type source struct {
 	data       []byte
 	subject    string
+	runID      string // the record's run id, for log lines about it
 	deliveries uint64
 	from       origin
 }
@@ -280,14 +285,19 @@ func (s *Sink) prepare(msgs []jetstream.Msg) prepared {
 		}
 		r, err := decodeRecord(m.Data(), from, s.cfg.RecordState)
 		if err != nil {
-			// Only the error (which names the field, never its content), subject and sequence.
-			s.log.Error().Str("subject", m.Subject()).Uint64("runs_seq", from.seq).Int("bytes", len(m.Data())).
+			// Only the error (which names the field, never its content), subject, sequence and
+			// the run id the worker put in the record's header (the body may not have one).
+			ev := s.log.Error()
+			if id := m.Headers().Get(headerRunID); id != "" {
+				ev = ev.Str("run_id", id)
+			}
+			ev.Str("subject", m.Subject()).Uint64("runs_seq", from.seq).Int("bytes", len(m.Data())).
 				Str("reason", err.Error()).Msg("sink: run record cannot be stored; parking it in the dead-letter table")
 			p.dead = append(p.dead, newDeadLetter(m.Data(), from, m.Subject(), deliveries, err.Error(), s.cfg.RecordState))
 			continue
 		}
 		p.rows = append(p.rows, r)
-		p.rowSrc = append(p.rowSrc, source{data: m.Data(), subject: m.Subject(), deliveries: deliveries, from: from})
+		p.rowSrc = append(p.rowSrc, source{data: m.Data(), subject: m.Subject(), runID: r.runID, deliveries: deliveries, from: from})
 	}
 	p.deadDone = len(p.dead) == 0
 	return p
@@ -422,7 +432,7 @@ func (s *Sink) insertIsolating(ctx context.Context, rows []*row, src []source) (
 	}
 	if len(rows) == 1 {
 		reason := "ClickHouse rejected the record: " + err.Error()
-		s.log.Error().Str("subject", src[0].subject).Uint64("runs_seq", src[0].from.seq).Str("reason", reason).
+		s.log.Error().Str("run_id", src[0].runID).Str("subject", src[0].subject).Uint64("runs_seq", src[0].from.seq).Str("reason", reason).
 			Msg("sink: run record cannot be stored; parking it in the dead-letter table")
 		return []*deadLetter{newDeadLetter(src[0].data, src[0].from, src[0].subject, src[0].deliveries, reason, s.cfg.RecordState)}, nil
 	}

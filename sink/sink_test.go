@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -426,12 +429,19 @@ func TestRowsClickHouseRejectsAreIsolated(t *testing.T) {
 	recs := makeRecords(0, 300)
 	recs[17].RunID, recs[230].RunID = "poison-1", "poison-2"
 	e.publish(t, recs)
-	s := e.startSink(t, e.cfg, nil)
+	var logs natstest.Buffer
+	s := e.startSink(t, e.cfg, func(s *Sink) { s.log = zerolog.New(&logs) })
 	waitFor(t, time.Minute, "the batch to be stored around the rejected rows", func() bool {
 		st := s.Stats()
 		return st.Inserted == 298 && st.DeadLettered == 2 && e.consumerDrained(t)
 	})
 	s.stop(t)
+	// Each parked row is logged as a line about its run.
+	for _, id := range []string{"poison-1", "poison-2"} {
+		if !strings.Contains(logs.String(), `"run_id":"`+id+`"`) {
+			t.Errorf("no dead-letter log line with run_id %s:\n%s", id, logs.String())
+		}
+	}
 	if got := e.count(t, "SELECT count() FROM %s.runs FINAL"); got != 298 {
 		t.Fatalf("rows = %d, want 298", got)
 	}
