@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -185,6 +186,30 @@ func TestBehindThresholds(t *testing.T) {
 		r := &Report{TargetRate: tc.rate, ScheduleLag: Summary{Count: 1, MaxMS: tc.maxLagMS}}
 		if got := r.Behind(); got != tc.want {
 			t.Errorf("rate %g max lag %gms: behind %v, want %v", tc.rate, tc.maxLagMS, got, tc.want)
+		}
+	}
+}
+
+// The JSON report has the same keys whatever the run measured: a consumer of --json can rely
+// on every documented field being there (null or zero when not measured).
+func TestReportJSONKeysAreStable(t *testing.T) {
+	want := []string{"sent", "succeeded", "failed", "failed_by_code", "publish_errors", "first_publish_error", "duplicate_replies",
+		"unmatched_replies", "late_replies", "elapsed_ms", "throughput_per_s", "publish_ms", "publish_rate_per_s",
+		"target_rate_per_s", "schedule_lag", "latency", "queue_wait", "provider_time", "cpu_ms",
+		"cpu_per_decision_ms", "provider_peak", "memory"}
+	for _, r := range []*Report{{}, {Sent: 1, FailedBy: map[string]int{CodeNoReply: 1}, Peak: &Peak{Calls: 2}}} {
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys map[string]json.RawMessage
+		if err := json.Unmarshal(b, &keys); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range want {
+			if _, ok := keys[k]; !ok {
+				t.Errorf("report JSON %s lacks %q", b, k)
+			}
 		}
 	}
 }

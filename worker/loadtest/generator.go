@@ -73,7 +73,7 @@ type Report struct {
 	// PublishErrors are requests JetStream did not store (not counted in Sent);
 	// FirstPublishError says why the first one failed.
 	PublishErrors     int    `json:"publish_errors"`
-	FirstPublishError string `json:"first_publish_error,omitempty"`
+	FirstPublishError string `json:"first_publish_error"`
 	// DuplicateReplies are replies for runs already answered (replies are at least once).
 	DuplicateReplies int `json:"duplicate_replies"`
 	// UnmatchedReplies are replies for no run this generator awaited: a request whose publish
@@ -106,12 +106,12 @@ type Report struct {
 	// system, every thread), and CPUPerDecisionMS that over the answered runs. With --self the
 	// process is the whole deployment (NATS, workers, fake, generator), so this is the cost of
 	// a decision, far steadier than throughput on a shared machine.
-	CPUMS            float64 `json:"cpu_ms,omitempty"`
-	CPUPerDecisionMS float64 `json:"cpu_per_decision_ms,omitempty"`
+	CPUMS            float64 `json:"cpu_ms"`
+	CPUPerDecisionMS float64 `json:"cpu_per_decision_ms"`
 	// Peak is the most concurrent provider calls, when known (see Peak).
-	Peak *Peak `json:"provider_peak,omitempty"`
+	Peak *Peak `json:"provider_peak"`
 	// Memory is the process memory while replies were collected (--self only).
-	Memory *MemoryReport `json:"memory,omitempty"`
+	Memory *MemoryReport `json:"memory"`
 }
 
 // Run publishes the requests and collects their replies on nc. It returns an error only when
