@@ -307,6 +307,13 @@ func TestScrapePeak(t *testing.T) {
 	mux.HandleFunc("/b", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, page("4")) })
 	mux.HandleFunc("/none", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "up 1\n") })
 	mux.HandleFunc("/bad", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, page("lots")) })
+	// The text format allows a timestamp after the value, and label values with spaces.
+	mux.HandleFunc("/stamped", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `sys1_worker_provider_in_flight_peak{worker="host a"} 7 1700000000000`+"\n")
+	})
+	mux.HandleFunc("/empty", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `sys1_worker_provider_in_flight_peak{worker="w"}`+"\n")
+	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	ctx := context.Background()
@@ -318,7 +325,11 @@ func TestScrapePeak(t *testing.T) {
 	if p.Calls != 16 || len(p.PerReplica) != 2 || p.PerReplica[0] != 12 || p.PerReplica[1] != 4 {
 		t.Fatalf("peak %+v, want 16 = 12 + 4", p)
 	}
+	if p, err := ScrapePeak(ctx, []string{srv.URL + "/stamped"}); err != nil || p.Calls != 7 {
+		t.Fatalf("timestamped sample: peak %+v, %v; want 7", p, err)
+	}
 	for _, tc := range []struct{ path, want string }{
+		{"/empty", "bad sys1_worker_provider_in_flight_peak line"},
 		{"/none", "no sys1_worker_provider_in_flight_peak metric"},
 		{"/bad", `bad sys1_worker_provider_in_flight_peak value "lots"`},
 		{"/missing", "HTTP 404"},

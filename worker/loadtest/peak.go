@@ -63,10 +63,23 @@ func scrapeGauge(ctx context.Context, hc *http.Client, url, name string) (int64,
 		if !strings.HasPrefix(line, name) || len(line) == len(name) || (line[len(name)] != '{' && line[len(name)] != ' ') {
 			continue
 		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		// "name{labels} value [timestamp]": the value is the first field after the labels
+		// (which may hold spaces), not the last one of the line.
+		rest := line[len(name):]
+		if rest[0] == '{' {
+			end := strings.LastIndexByte(rest, '}')
+			if end < 0 {
+				return 0, fmt.Errorf("scrape %s: bad %s line %q", url, name, line)
+			}
+			rest = rest[end+1:]
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			return 0, fmt.Errorf("scrape %s: bad %s line %q", url, name, line)
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
 		if err != nil {
-			return 0, fmt.Errorf("scrape %s: bad %s value %q", url, name, f[len(f)-1])
+			return 0, fmt.Errorf("scrape %s: bad %s value %q", url, name, f[0])
 		}
 		sum += int64(v)
 		found = true
