@@ -7,11 +7,17 @@ import (
 	"time"
 )
 
-func TestPercentile(t *testing.T) {
-	hundred := make([]time.Duration, 100)
-	for i := range hundred {
-		hundred[i] = time.Duration(i+1) * time.Millisecond // 1ms … 100ms
+// samples returns 1ms … n ms.
+func samples(n int) []time.Duration {
+	s := make([]time.Duration, n)
+	for i := range s {
+		s[i] = time.Duration(i+1) * time.Millisecond
 	}
+	return s
+}
+
+func TestPercentile(t *testing.T) {
+	hundred, thousand := samples(100), samples(1000)
 	for _, tc := range []struct {
 		name    string
 		samples []time.Duration
@@ -29,6 +35,10 @@ func TestPercentile(t *testing.T) {
 		{"p99", hundred, 99, 99 * time.Millisecond},
 		{"p99.5 rounds up", hundred, 99.5, 100 * time.Millisecond},
 		{"p100 is max", hundred, 100, 100 * time.Millisecond},
+		// p99.9 of 1000 is rank 999 exactly; 99.9/100 × 1000 in floating point is 999.0000000000001.
+		{"p99.9 of 1000", thousand, 99.9, 999 * time.Millisecond},
+		{"p99.9 of 41000", samples(41000), 99.9, 40959 * time.Millisecond},
+		{"p99.9 of 1001", samples(1001), 99.9, 1000 * time.Millisecond},
 		{"above 100 clamps", hundred, 150, 100 * time.Millisecond},
 		{"negative clamps", hundred, -3, 1 * time.Millisecond},
 		// Nearest rank of 4 samples: p50 → rank 2, p51 → rank 3, p75 → rank 3, p76 → rank 4.
