@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/sys1hq/sys1/provider"
@@ -48,6 +49,7 @@ func (w *Worker) Handler() http.Handler {
 // serves), labelled with the replica id.
 func (w *Worker) WriteMetrics(out io.Writer) {
 	s := w.Stats()
+	id := labelValue(w.cfg.ID)
 	for _, m := range []struct {
 		name, kind, help string
 		v                int64
@@ -61,9 +63,17 @@ func (w *Worker) WriteMetrics(out io.Writer) {
 		{"sys1_worker_redeliveries_total", "counter", "Deliveries nak'ed for a transient error.", s.Retried},
 		{"sys1_worker_replays_total", "counter", "Finished runs answered again from their stored outcome.", s.Replayed},
 	} {
-		fmt.Fprintf(out, "# HELP %s %s\n# TYPE %s %s\n%s{worker=%q} %d\n", m.name, m.help, m.name, m.kind, m.name, w.cfg.ID, m.v)
+		fmt.Fprintf(out, "# HELP %s %s\n# TYPE %s %s\n%s{worker=\"%s\"} %d\n", m.name, m.help, m.name, m.kind, m.name, id, m.v)
 	}
 }
+
+// labelValue escapes a Prometheus label value: the format knows only \\, \" and \n (Go's %q
+// also writes escapes such as \t or \x00, which make a scraper reject the whole page).
+func labelValue(s string) string {
+	return labelEscaper.Replace(strings.ToValidUTF8(s, "\uFFFD"))
+}
+
+var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 
 func probeSummary(p provider.ProbeResult) string {
 	if len(p.Problems) == 0 {
