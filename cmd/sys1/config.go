@@ -11,6 +11,8 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/sink"
 )
 
 // validator is implemented by component config structs that check more than types.
@@ -19,12 +21,35 @@ type validator interface {
 	Validate() []error
 }
 
+// check is a loadConfig target that parses nothing: it runs after the targets before it have
+// been parsed, and its errors join theirs, so a command's own requirements (a variable it cannot
+// run without, a bad flag) are reported in the same message as every other bad variable.
+type check func() []error
+
+// requireDSN is the check of commands that cannot run without ClickHouse.
+func requireDSN(cfg *sink.Config) check {
+	return func() []error {
+		if cfg.DSN == "" {
+			return []error{errors.New("SYS1_CLICKHOUSE_DSN is not set (e.g. clickhouse://localhost:9000 or http://localhost:8123)")}
+		}
+		return nil
+	}
+}
+
 // loadConfig parses every component's env struct and validates them, returning one error that
 // names every bad variable, so an operator fixes a deployment in one pass.
 func loadConfig(targets ...any) error {
 	var problems []string
 	reported := map[string]bool{} // variables with a parse error: their Validate findings are noise
 	for _, t := range targets {
+		if c, ok := t.(check); ok {
+			// Not an env struct: a check across commands' settings (a required variable, a
+			// flag), reported with the rest.
+			for _, e := range c() {
+				problems = append(problems, e.Error())
+			}
+			continue
+		}
 		keys := envKeys(reflect.TypeOf(t))
 		if err := env.Parse(t); err != nil {
 			var agg env.AggregateError

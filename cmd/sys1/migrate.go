@@ -41,18 +41,16 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fs.Usage()
 		return exitUsage
 	}
-	if *wait <= 0 {
-		fmt.Fprintf(stderr, "sys1 migrate: -wait must be positive, got %s\n", *wait)
-		return exitUsage
-	}
 	cfg := sink.DefaultConfig()
 	var logCfg LogConfig
-	if err := loadConfig(&logCfg, &cfg); err != nil {
+	waitPositive := check(func() []error {
+		if *wait <= 0 {
+			return []error{fmt.Errorf("-wait: must be positive, got %s", *wait)}
+		}
+		return nil
+	})
+	if err := loadConfig(&logCfg, &cfg, requireDSN(&cfg), waitPositive); err != nil {
 		fmt.Fprintln(stderr, "sys1 migrate:", err)
-		return exitUsage
-	}
-	if cfg.DSN == "" {
-		fmt.Fprintln(stderr, "sys1 migrate: SYS1_CLICKHOUSE_DSN is not set (e.g. clickhouse://localhost:9000 or http://localhost:8123)")
 		return exitUsage
 	}
 	// ClickHouse may still be starting (a migrate job started with it): retry, within -wait.

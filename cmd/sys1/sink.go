@@ -38,12 +38,8 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 		cfg     = sink.DefaultConfig()
 		httpCfg HTTPConfig
 	)
-	if err := loadConfig(&logCfg, &natsCfg, &topo, &cfg, &httpCfg); err != nil {
+	if err := loadConfig(&logCfg, &natsCfg, &topo, &cfg, requireDSN(&cfg), &httpCfg); err != nil {
 		fmt.Fprintln(stderr, "sys1 sink:", err)
-		return exitUsage
-	}
-	if cfg.DSN == "" {
-		fmt.Fprintln(stderr, "sys1 sink: SYS1_CLICKHOUSE_DSN is not set (e.g. clickhouse://localhost:9000 or http://localhost:8123)")
 		return exitUsage
 	}
 	// The sink is a client of the workers' NATS; it never starts an embedded server.

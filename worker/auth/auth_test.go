@@ -505,7 +505,7 @@ func TestConfigFromEnvAndValidate(t *testing.T) {
 		{"subject is valid", func(c *Config) { *c = DefaultConfig(); c.Mode = ModeSubject }, nil},
 		{"unknown mode", func(c *Config) { c.Mode = "oauth" }, []string{"SYS1_AUTH_MODE"}},
 		{"jwt without key source", func(c *Config) {}, []string{"SYS1_JWT_JWKS_URL"}},
-		{"jwt with two key sources", func(c *Config) { c.JWKSFile = file; c.HS256Secret = Secret(strings.Repeat("x", 40)) }, []string{"SYS1_JWT_JWKS_URL"}},
+		{"jwt with two key sources", func(c *Config) { c.JWKSFile = file; c.HS256Secret = Secret(strings.Repeat("x", 40)) }, []string{"SYS1_JWT_JWKS_FILE"}},
 		{"bad URL", func(c *Config) { c.JWKSURL = "://nope" }, []string{"SYS1_JWT_JWKS_URL"}},
 		{"plain http off loopback", func(c *Config) { c.JWKSURL = "http://idp.example.com/jwks" }, []string{"SYS1_JWT_JWKS_URL"}},
 		{"https URL ok", func(c *Config) { c.JWKSURL = "https://idp.example.com/.well-known/jwks.json" }, nil},

@@ -73,17 +73,20 @@ func (c *Config) Validate() []error {
 		return []error{fmt.Errorf("SYS1_AUTH_MODE: %q is not one of none, subject, jwt", c.Mode)}
 	}
 
-	sources := 0
-	for _, set := range []bool{c.JWKSFile != "", c.JWKSURL != "", c.HS256Secret != ""} {
-		if set {
-			sources++
+	var sources []string // the key sources set, by variable
+	for _, s := range []struct {
+		name string
+		set  bool
+	}{{"SYS1_JWT_JWKS_URL", c.JWKSURL != ""}, {"SYS1_JWT_JWKS_FILE", c.JWKSFile != ""}, {"SYS1_JWT_HS256_SECRET", c.HS256Secret != ""}} {
+		if s.set {
+			sources = append(sources, s.name)
 		}
 	}
 	switch {
-	case sources == 0:
+	case len(sources) == 0:
 		errs = append(errs, fmt.Errorf("SYS1_JWT_JWKS_URL: jwt mode needs one key source: SYS1_JWT_JWKS_URL, SYS1_JWT_JWKS_FILE or SYS1_JWT_HS256_SECRET"))
-	case sources > 1:
-		errs = append(errs, fmt.Errorf("SYS1_JWT_JWKS_URL: set only one of SYS1_JWT_JWKS_URL, SYS1_JWT_JWKS_FILE, SYS1_JWT_HS256_SECRET (a second key source would widen what is trusted)"))
+	case len(sources) > 1:
+		errs = append(errs, fmt.Errorf("%s: set only one of %s (a second key source would widen what is trusted)", sources[0], strings.Join(sources, ", ")))
 	}
 	if c.JWKSURL != "" {
 		if err := validateJWKSURL(c.JWKSURL); err != nil {

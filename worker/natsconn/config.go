@@ -75,24 +75,29 @@ func (c *Config) Validate() []error {
 		}
 	}
 
-	var methods []string
+	// Each method set, and the variable an error about it names (one that is set).
+	var methods, vars []string
 	if c.CredsFile != "" {
-		methods = append(methods, "SYS1_NATS_CREDS")
+		methods, vars = append(methods, "SYS1_NATS_CREDS"), append(vars, "SYS1_NATS_CREDS")
 	}
 	if c.NKeyFile != "" {
-		methods = append(methods, "SYS1_NATS_NKEY")
+		methods, vars = append(methods, "SYS1_NATS_NKEY"), append(vars, "SYS1_NATS_NKEY")
 	}
 	if c.User != "" || c.Password != "" {
-		methods = append(methods, "SYS1_NATS_USER/SYS1_NATS_PASSWORD")
+		v := "SYS1_NATS_USER"
+		if c.User == "" {
+			v = "SYS1_NATS_PASSWORD"
+		}
+		methods, vars = append(methods, "SYS1_NATS_USER/SYS1_NATS_PASSWORD"), append(vars, v)
 	}
 	if c.Token != "" {
-		methods = append(methods, "SYS1_NATS_TOKEN")
+		methods, vars = append(methods, "SYS1_NATS_TOKEN"), append(vars, "SYS1_NATS_TOKEN")
 	}
 	if urlHasUser {
-		methods = append(methods, "credentials in SYS1_NATS_URL")
+		methods, vars = append(methods, "credentials in SYS1_NATS_URL"), append(vars, "SYS1_NATS_URL")
 	}
 	if len(methods) > 1 {
-		add("SYS1_NATS_CREDS: conflicting NATS authentication settings %s; set only one", strings.Join(methods, ", "))
+		add("%s: conflicting NATS authentication settings %s; set only one", vars[0], strings.Join(methods, ", "))
 	}
 	if c.User != "" && c.Password == "" {
 		add("SYS1_NATS_PASSWORD: required with SYS1_NATS_USER")
@@ -100,8 +105,11 @@ func (c *Config) Validate() []error {
 	if c.Password != "" && c.User == "" {
 		add("SYS1_NATS_USER: required with SYS1_NATS_PASSWORD")
 	}
-	if (c.TLSCert == "") != (c.TLSKey == "") {
-		add("SYS1_NATS_TLS_KEY: SYS1_NATS_TLS_CERT and SYS1_NATS_TLS_KEY go together (client certificate and its key)")
+	switch {
+	case c.TLSCert != "" && c.TLSKey == "":
+		add("SYS1_NATS_TLS_KEY: required with SYS1_NATS_TLS_CERT (client certificate and its key go together)")
+	case c.TLSKey != "" && c.TLSCert == "":
+		add("SYS1_NATS_TLS_CERT: required with SYS1_NATS_TLS_KEY (client certificate and its key go together)")
 	}
 	for _, f := range []struct{ name, path string }{
 		{"SYS1_NATS_CREDS", c.CredsFile}, {"SYS1_NATS_NKEY", c.NKeyFile},

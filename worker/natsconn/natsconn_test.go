@@ -412,7 +412,7 @@ func TestConfigFromEnvAndValidate(t *testing.T) {
 		{"bad scheme", func(c *Config) { c.URL = "http://x:4222" }, []string{"SYS1_NATS_URL"}},
 		{"no host", func(c *Config) { c.URL = "nats://" }, []string{"SYS1_NATS_URL"}},
 		{"two auth methods", func(c *Config) { c.URL = "nats://x"; c.CredsFile = goodCreds; c.Token = "t" }, []string{"SYS1_NATS_CREDS"}},
-		{"credentials in URL and user", func(c *Config) { c.URL = "nats://u:p@x"; c.User, c.Password = "u", "p" }, []string{"SYS1_NATS_CREDS"}},
+		{"credentials in URL and user", func(c *Config) { c.URL = "nats://u:p@x"; c.User, c.Password = "u", "p" }, []string{"SYS1_NATS_USER"}},
 		{"user without password", func(c *Config) { c.URL = "nats://x"; c.User = "u" }, []string{"SYS1_NATS_PASSWORD"}},
 		{"password without user", func(c *Config) { c.URL = "nats://x"; c.Password = "p" }, []string{"SYS1_NATS_USER"}},
 		{"cert without key", func(c *Config) { c.URL = "tls://x"; c.TLSCert = file }, []string{"SYS1_NATS_TLS_KEY"}},
