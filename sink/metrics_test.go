@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sys1hq/sys1/internal/promtext"
+	"github.com/sys1hq/sys1/worker/metricstest"
 )
 
 // TestMetricsAreValidExpositionAndDocumented: the sink's /metrics part is strict Prometheus
@@ -18,7 +18,7 @@ func TestMetricsAreValidExpositionAndDocumented(t *testing.T) {
 	s.inserted.Add(3)
 	var out strings.Builder
 	s.WriteMetrics(&out)
-	fams, err := promtext.Parse(out.String())
+	fams, err := metricstest.Parse(out.String())
 	if err != nil {
 		t.Fatalf("/metrics is not valid Prometheus text:\n%v\n%s", err, out.String())
 	}

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/internal/promtext"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/metricstest"
 )
 
 // documentedMetrics returns the metric names with prefix that deploy/README.md lists under
@@ -43,7 +43,7 @@ func TestMetricsAreValidExpositionAndDocumented(t *testing.T) {
 	}
 	var out strings.Builder
 	r.w.WriteMetrics(&out)
-	fams, err := promtext.Parse(out.String())
+	fams, err := metricstest.Parse(out.String())
 	if err != nil {
 		t.Fatalf("/metrics is not valid Prometheus text:\n%v\n%s", err, out.String())
 	}

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/internal/promtext"
 	"github.com/sys1hq/sys1/sink/chtest"
+	"github.com/sys1hq/sys1/worker/metricstest"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
@@ -177,7 +177,7 @@ func TestSinkCommand(t *testing.T) {
 	})
 	// The operational endpoint shows what the sink did (and its lag, for alerting).
 	metrics := httpGet(t, "http://"+httpAddr+"/metrics")
-	if _, err := promtext.Parse(metrics); err != nil {
+	if _, err := metricstest.Parse(metrics); err != nil {
 		t.Errorf("/metrics is not valid Prometheus text: %v\n%s", err, metrics)
 	}
 	for _, want := range []string{"sys1_sink_inserted_total 20", "sys1_sink_retrying 0", "# TYPE sys1_sink_lag_records gauge"} {

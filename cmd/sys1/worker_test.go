@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sys1hq/sys1/internal/promtext"
 	"github.com/sys1hq/sys1/sink/chtest"
+	"github.com/sys1hq/sys1/worker/metricstest"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
@@ -86,7 +86,7 @@ func TestWorkerIsOneProcessDeployment(t *testing.T) {
 
 	// One /metrics for the process: the worker's counters and the in-process sink's.
 	metrics := httpGet(t, "http://"+httpAddr+"/metrics")
-	if _, err := promtext.Parse(metrics); err != nil {
+	if _, err := metricstest.Parse(metrics); err != nil {
 		t.Errorf("/metrics is not valid Prometheus text: %v\n%s", err, metrics)
 	}
 	for _, want := range []string{"sys1_worker_runs_succeeded_total{worker=", "sys1_sink_inserted_total 1"} {

@@ -1,7 +1,7 @@
-// Package promtext checks Prometheus text exposition format (version 0.0.4) strictly, for the
+// Package metricstest checks Prometheus text exposition format (version 0.0.4) strictly, for the
 // tests of what sys1's /metrics endpoints serve. It has no dependency beyond the standard
 // library; it is not a parser for production use.
-package promtext
+package metricstest
 
 import (
 	"errors"

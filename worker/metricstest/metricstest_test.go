@@ -1,4 +1,4 @@
-package promtext
+package metricstest
 
 import (
 	"strings"
