@@ -318,7 +318,10 @@ func (c *Client) logCall(ctx context.Context, resp *http.Response, sent, receive
 	}
 	if err != nil {
 		if e, ok := contract.AsError(err); ok {
-			ev = ev.Str("error_code", string(e.Code)).Str("error", e.Message)
+			// The code only: the message may quote upstream's error body, and a proxy can echo
+			// the request (state, instructions) there. The message is in the attempt's detail
+			// in the reply and the record, where the request's content already lives.
+			ev = ev.Str("error_code", string(e.Code))
 		} else {
 			ev = ev.Str("error", err.Error())
 		}

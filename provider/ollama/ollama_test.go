@@ -353,12 +353,14 @@ func TestAPIKeyIsSentAndNeverLeaks(t *testing.T) {
 		// a proxy that echoes the credentials back in its error text
 		ollamatest.Body(401, "application/json", `{"error":"invalid api key `+key+`"}`),
 		ollamatest.Body(400, "text/plain", "Authorization: Bearer "+key),
+		// a proxy that echoes the request body in its error text: content, not for the logs
+		ollamatest.Body(502, "text/plain", `bad gateway for {"state":"zeta yak","instructions":"How much?"}`),
 		ollamatest.Malformed(ollamatest.MalformedBadSum), ollamatest.Drop(), ollamatest.Hang(),
 	} {
 		srv.Fail(1, f)
 		evaluate()
 	}
-	if len(seen) < 9 {
+	if len(seen) < 10 {
 		t.Fatalf("expected an error per fault, got %d", len(seen))
 	}
 	probe := c.Probe(context.Background())
