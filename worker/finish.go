@@ -45,6 +45,10 @@ func (r *run) finish(ctx context.Context, resp *contract.Response, cerr *contrac
 		w.stats.failed.Add(1)
 		ev = ev.Str("error_code", string(reply.Error.Code))
 	}
+	if r.recordID != r.runID {
+		// Refused and conflicting runs are recorded under a derived id (see process).
+		ev = ev.Str("record_id", r.recordID)
+	}
 	ev.Str("status", string(reply.Status)).Int("attempts", len(reply.Attempts)).
 		Int64("queued_ms", reply.QueuedMS).Int64("latency_ms", reply.LatencyMS).Msg("run finished")
 }

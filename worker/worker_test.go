@@ -379,7 +379,12 @@ func TestRunIDConflictAcrossCallersLeavesFirstRunUntouched(t *testing.T) {
 		}
 	}
 	if conflict == nil || conflict.Caller != "svc-b" || conflict.RunID == "shared-id" || conflict.Request != nil {
-		t.Errorf("conflict record: %+v", conflict)
+		t.Fatalf("conflict record: %+v", conflict)
+	}
+	// The logs say the run id the caller sent; the line that ends the run also names the id
+	// its record is stored under, so an analyst's record leads to its log lines.
+	if want := `"record_id":"` + conflict.RunID + `"`; !strings.Contains(h.logs.String(), want) {
+		t.Errorf("no log line carries %s", want)
 	}
 }
 
