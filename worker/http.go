@@ -39,7 +39,7 @@ func (w *Worker) Handler() http.Handler {
 		_, _ = rw.Write([]byte("ready\n"))
 	})
 	mux.HandleFunc("/metrics", func(rw http.ResponseWriter, _ *http.Request) {
-		rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		rw.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		w.WriteMetrics(rw)
 	})
 	return mux

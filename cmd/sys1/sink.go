@@ -81,7 +81,7 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 		mux := http.NewServeMux()
 		mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
 		mux.HandleFunc("/metrics", func(rw http.ResponseWriter, _ *http.Request) {
-			rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
+			rw.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 			s.WriteMetrics(rw)
 		})
 		stopHTTP, err := serveHTTP(httpCfg.Addr, mux, log)

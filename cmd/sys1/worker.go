@@ -116,7 +116,7 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 		mux := http.NewServeMux()
 		mux.Handle("/", w.Handler())
 		mux.HandleFunc("/metrics", func(rw http.ResponseWriter, _ *http.Request) {
-			rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
+			rw.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 			w.WriteMetrics(rw)
 			if sk := inProcessSink.Load(); sk != nil {
 				sk.WriteMetrics(rw)
