@@ -59,14 +59,7 @@ func mint(t *testing.T, sub string, claims map[string]any, exp time.Time) string
 func TestSecretsAndContentNeverLeak(t *testing.T) {
 	h := newHarnessWith(t, func(o *server.Options) { o.Username, o.Password = "sys1", natsPassword }, ollamatest.WithAPIKey(apiKey))
 	h.apiKey = apiKey
-	jwtAuth, err := auth.New(context.Background(), auth.Config{
-		Mode: auth.ModeJWT, HS256Secret: auth.Secret(hsSecret), Issuer: "https://idp.test", Audience: "sys1",
-		RolesClaim: "roles", AllowedRoles: []string{"administrator"}, AllowedScopes: []string{"sys1:use"},
-		Leeway: time.Second, JWKSRefresh: time.Minute, JWKSMinRefresh: time.Second,
-	}, h.logger())
-	if err != nil {
-		t.Fatal(err)
-	}
+	jwtAuth := h.hsJWTAuth("sys1:use")
 	h.start(func(o *replicaOpts) { o.auth = jwtAuth })
 
 	admin := mint(t, "alice", map[string]any{"roles": []string{"administrator"}}, time.Now().Add(time.Hour))
@@ -188,14 +181,7 @@ func TestSecretsAndContentNeverLeak(t *testing.T) {
 // namespace of the subject it was published on.
 func TestRefusedCallerCannotPlantRepliesInAnotherNamespace(t *testing.T) {
 	h := newHarness(t)
-	jwtAuth, err := auth.New(context.Background(), auth.Config{
-		Mode: auth.ModeJWT, HS256Secret: auth.Secret(hsSecret), Issuer: "https://idp.test", Audience: "sys1",
-		RolesClaim: "roles", AllowedRoles: []string{"administrator"}, Leeway: time.Second,
-		JWKSRefresh: time.Minute, JWKSMinRefresh: time.Second,
-	}, h.logger())
-	if err != nil {
-		t.Fatal(err)
-	}
+	jwtAuth := h.hsJWTAuth()
 	h.start(func(o *replicaOpts) { o.auth = jwtAuth })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -236,14 +222,7 @@ func TestRefusedCallerCannotPlantRepliesInAnotherNamespace(t *testing.T) {
 // valid run records of `sys1 schema record`, like every other record.
 func TestRefusedRunsRecordsMatchTheSchema(t *testing.T) {
 	h := newHarness(t)
-	jwtAuth, err := auth.New(context.Background(), auth.Config{
-		Mode: auth.ModeJWT, HS256Secret: auth.Secret(hsSecret), Issuer: "https://idp.test", Audience: "sys1",
-		RolesClaim: "roles", AllowedRoles: []string{"administrator"}, Leeway: time.Second,
-		JWKSRefresh: time.Minute, JWKSMinRefresh: time.Second,
-	}, h.logger())
-	if err != nil {
-		t.Fatal(err)
-	}
+	jwtAuth := h.hsJWTAuth()
 	h.start(func(o *replicaOpts) { o.auth = jwtAuth })
 	schema, replySchema := compileSchema(t, "record"), compileSchema(t, "reply")
 	body := []byte(`{"state":"x","questions":{"q":{"type":"noul","instructions":"x"}}}`)
@@ -441,4 +420,18 @@ func signES256(t *testing.T, key jwk.Key, sub string, roles []string) string {
 		t.Fatal(err)
 	}
 	return string(signed)
+}
+
+// hsJWTAuth is jwt auth with the HS256 test secret: role administrator, or any of scopes.
+func (h *harness) hsJWTAuth(scopes ...string) auth.Authenticator {
+	h.t.Helper()
+	a, err := auth.New(context.Background(), auth.Config{
+		Mode: auth.ModeJWT, HS256Secret: auth.Secret(hsSecret), Issuer: "https://idp.test", Audience: "sys1",
+		RolesClaim: "roles", AllowedRoles: []string{"administrator"}, AllowedScopes: scopes,
+		Leeway: time.Second, JWKSRefresh: time.Minute, JWKSMinRefresh: time.Second,
+	}, h.logger())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return a
 }
