@@ -170,6 +170,7 @@ type pending struct {
 // fetchLoop pulls and prepares batches until ctx is cancelled.
 func (s *Sink) fetchLoop(ctx context.Context, cons jetstream.Consumer, work chan<- *pending) {
 	backoff := s.cfg.RetryMin
+	var goneSince time.Time // when the consumer was first found missing (recreateIfGone)
 	for ctx.Err() == nil {
 		msgs, err := s.fetch(ctx, cons)
 		if len(msgs) > 0 {
@@ -184,21 +185,24 @@ func (s *Sink) fetchLoop(ctx context.Context, cons jetstream.Consumer, work chan
 			if !sleep(ctx, backoff) {
 				return
 			}
-			if c, ok := s.recreateIfGone(ctx, err); ok {
+			if c, ok := s.recreateIfGone(ctx, err, &goneSince); ok {
 				cons = c
 			}
 			backoff = min(backoff*2, s.cfg.RetryMax)
 			continue
 		}
 		backoff = s.cfg.RetryMin
+		goneSince = time.Time{}
 	}
 }
 
 // recreateIfGone recreates the consumer, and SYS1_RUNS under it, when a failed pull was
 // because they no longer exist (deleted by someone, or NATS came back without its data) rather
-// than because NATS is unreachable. A recreated consumer starts again from the beginning of the
+// than because NATS is unreachable, and have been missing for recreateSettle (*goneSince
+// tracks that: a stream recreated within milliseconds of its deletion can come up broken, see
+// worker.recreateTopology). A recreated consumer starts again from the beginning of the
 // stream, and the copies it re-inserts fold away under FINAL.
-func (s *Sink) recreateIfGone(ctx context.Context, fetchErr error) (jetstream.Consumer, bool) {
+func (s *Sink) recreateIfGone(ctx context.Context, fetchErr error, goneSince *time.Time) (jetstream.Consumer, bool) {
 	gone := errors.Is(fetchErr, jetstream.ErrConsumerDeleted) || errors.Is(fetchErr, jetstream.ErrConsumerNotFound)
 	if !gone {
 		// A pull for a consumer that does not exist often fails as "no responders"; ask.
@@ -210,6 +214,13 @@ func (s *Sink) recreateIfGone(ctx context.Context, fetchErr error) (jetstream.Co
 	if !gone {
 		return nil, false
 	}
+	if goneSince.IsZero() {
+		*goneSince = time.Now()
+		s.log.Warn().Dur("recreate_in", recreateSettle).Msg("sink: the consumer (or its stream) is gone; recreating it")
+	}
+	if time.Since(*goneSince) < recreateSettle {
+		return nil, false
+	}
 	if err := topology.EnsureRunsStream(ctx, s.js, s.topo); err != nil {
 		s.log.Warn().Err(err).Msg("sink: the consumer is gone and SYS1_RUNS could not be recreated; trying again")
 		return nil, false
@@ -219,9 +230,13 @@ func (s *Sink) recreateIfGone(ctx context.Context, fetchErr error) (jetstream.Co
 		s.log.Warn().Err(err).Msg("sink: the consumer is gone and could not be recreated; trying again")
 		return nil, false
 	}
+	*goneSince = time.Time{}
 	s.log.Warn().Str("stream", s.topo.RunsStream).Str("consumer", s.topo.SinkConsumer).Msg("sink: the consumer (or its stream) was gone; recreated it")
 	return c, true
 }
+
+// recreateSettle is how long the consumer must have been missing before it is recreated.
+const recreateSettle = 2 * time.Second
 
 // fetch pulls one batch: up to BatchSize messages, waiting at most BatchAge. Bounding the pull
 // itself (not the time since the first message) keeps exactly one pull request outstanding,

@@ -76,9 +76,8 @@ func TestWorkerRecoversWhenNATSLosesItsData(t *testing.T) {
 	if rep := h.decide("svc-a", []byte(ticket)); rep.Status != contract.StatusSuccess {
 		t.Fatalf("after: %s", rep.Raw)
 	}
-	if got := r.w.Stats().Succeeded; got != 2 {
-		t.Errorf("succeeded = %d, want 2", got)
-	}
+	// The counter moves just after the reply is published.
+	waitFor(t, "two runs counted as succeeded", 10*time.Second, func() bool { return r.w.Stats().Succeeded == 2 })
 	if !strings.Contains(h.logs.String(), "recreated the JetStream topology") {
 		t.Error("no log line says the topology was recreated")
 	}
@@ -124,7 +123,12 @@ func TestRecreatedRequestStreamDoesNotReuseDerivedRunIDs(t *testing.T) {
 // missing, and they finish.
 func TestWorkerRecreatesADeletedBucketAndRunsStream(t *testing.T) {
 	h := newHarness(t)
-	r := h.start()
+	// Runs that cannot store their outcome are redelivered on the retry schedule, and those
+	// deliveries count: give them a schedule (like the defaults, 1 s doubling over 5 deliveries)
+	// that outlasts the wait before the topology is recreated.
+	r := h.start(func(o *replicaOpts) {
+		o.cfg.RetryBase, o.cfg.RetryMax, o.cfg.MaxDeliver = 300*time.Millisecond, time.Second, 10
+	})
 	if rep := h.decide("svc-a", []byte(ticket)); rep.Status != contract.StatusSuccess {
 		t.Fatalf("before: %s", rep.Raw)
 	}
@@ -148,7 +152,5 @@ func TestWorkerRecreatesADeletedBucketAndRunsStream(t *testing.T) {
 	if rec := h.recordByRun(rep.RunID); rec.Status != contract.StatusSuccess {
 		t.Errorf("record after recreation: %s", rec.Status)
 	}
-	if got := r.w.Stats().Succeeded; got != 2 {
-		t.Errorf("succeeded = %d, want 2", got)
-	}
+	waitFor(t, "two runs counted as succeeded", 10*time.Second, func() bool { return r.w.Stats().Succeeded == 2 })
 }

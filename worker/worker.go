@@ -56,12 +56,15 @@ type Worker struct {
 	// derivedRunID): sequences start again at 1 when the stream is recreated.
 	requestsEpoch atomic.Pointer[string]
 	// repair is signalled by a run that found a stream or the run-id bucket missing; the pull
-	// loop then recreates the topology (see ensure), at most once a second.
-	repair     chan struct{}
-	lastRepair time.Time // the pull loop's alone
-	gate       gate
-	log        zerolog.Logger
-	stats      stats
+	// loop then recreates the topology (see recreateTopology).
+	repair chan struct{}
+	// The pull loop's alone: a repair asked for and not yet done, when the topology was first
+	// seen missing, and the last attempt to recreate it.
+	repairPending            bool
+	missingSince, lastRepair time.Time
+	gate                     gate
+	log                      zerolog.Logger
+	stats                    stats
 	// providerSlots bounds the provider calls in flight to Concurrency. The pull loop admits
 	// twice as many messages, so the runs waiting for a slot have already been claimed and
 	// validated, and the runs past their call store and publish their outcome, while the
@@ -119,22 +122,35 @@ func (w *Worker) ensure(ctx context.Context) error {
 	return nil
 }
 
-// recreateTopology runs ensure on behalf of the pull loop, at most once a second (a stream
-// without a leader for a moment in a cluster also answers "no response from stream"; ensure is
-// idempotent, but need not be hammered). It reports whether the topology was recreated.
+// recreateTopology runs ensure on behalf of the pull loop once the topology has been missing
+// for recreateSettle, then at most once a second until it succeeds. It reports whether the
+// topology was recreated.
+//
+// The wait is not caution for its own sake: a stream recreated within milliseconds of its
+// deletion (the pull sees "consumer deleted" at once) can come up carrying the deleted stream's
+// last sequence and then never acknowledge a publish (nats-server v2.15, seen under load).
 func (w *Worker) recreateTopology(ctx context.Context, cause error, why string) bool {
-	if time.Since(w.lastRepair) < time.Second {
+	now := time.Now()
+	if w.missingSince.IsZero() {
+		w.missingSince = now
+		w.log.Warn().AnErr("cause", cause).Dur("recreate_in", recreateSettle).Msg(why + "; recreating the JetStream topology")
 		return false
 	}
-	w.lastRepair = time.Now()
-	w.log.Warn().AnErr("cause", cause).Msg(why + "; recreating the JetStream topology")
+	if now.Sub(w.missingSince) < recreateSettle || now.Sub(w.lastRepair) < time.Second {
+		return false
+	}
+	w.lastRepair = now
 	if err := w.ensure(ctx); err != nil {
 		w.log.Warn().Err(err).Msg("could not recreate the JetStream topology; trying again")
 		return false
 	}
+	w.missingSince = time.Time{}
 	w.log.Warn().Str("requests_epoch", *w.requestsEpoch.Load()).Msg("recreated the JetStream topology")
 	return true
 }
+
+// recreateSettle is how long the topology must have been missing before it is recreated.
+const recreateSettle = 2 * time.Second
 
 // requestRepair asks the pull loop to recreate the topology if err says part of it is missing.
 func (w *Worker) requestRepair(err error) {
@@ -198,8 +214,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		select {
 		case <-w.repair:
-			w.recreateTopology(ctx, nil, "a run found a stream or the run-id bucket missing")
+			w.repairPending = true
 		default:
+		}
+		if w.repairPending && w.recreateTopology(ctx, nil, "a run found a stream or the run-id bucket missing") {
+			w.repairPending = false
 		}
 		n := 1
 	reserve:
@@ -234,6 +253,9 @@ func (w *Worker) Run(ctx context.Context) error {
 			continue
 		}
 		fetchErrs = 0
+		if !w.repairPending {
+			w.missingSince = time.Time{} // whatever was missing is back
+		}
 	}
 
 	w.log.Info().Int64("in_flight", w.stats.inFlight.Load()).Dur("grace", w.cfg.ShutdownGrace).Msg("stopping: no more pulls, finishing in-flight runs")
