@@ -178,8 +178,8 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "sys1 bench: no replicas in-process; run workers with SYS1_NATS_URL=%s SYS1_OLLAMA_BASE_URL=%s\n", self.URL(), self.ProviderURL())
 		}
 		if f.preload {
-			opts.BeforeDrain = func(ctx context.Context) error {
-				fmt.Fprintf(stderr, "sys1 bench: backlog of %d requests published; draining\n", f.n)
+			opts.BeforeDrain = func(ctx context.Context, published int64) error {
+				fmt.Fprintf(stderr, "sys1 bench: backlog of %d requests published; draining\n", published)
 				return self.StartWorkers(ctx)
 			}
 		} else if err := self.StartWorkers(ctx); err != nil {

@@ -213,3 +213,29 @@ func TestReportJSONKeysAreStable(t *testing.T) {
 		}
 	}
 }
+
+// A preload in which some publishes failed drains what was published, and is told how many
+// that is (the backlog line says so, not the requested count).
+func TestPreloadDrainsWhatWasPublished(t *testing.T) {
+	var ids []string
+	var drained int64 = -1
+	var gen *generator // the generator fakeRun builds, as the publish callback sees it
+	_, rep := fakeRun(t, Options{Requests: 4, BeforeDrain: func(_ context.Context, published int64) error {
+		drained = published
+		for _, id := range ids { // the workers answer the backlog once started
+			gen.onReply(replyMsg(id, successReply))
+		}
+		return nil
+	}}, func(g *generator, i int64, req client.Request) error {
+		gen = g
+		if i == 2 {
+			return errors.New("publish: stream full")
+		}
+		ids = append(ids, req.RunID)
+		return nil
+	})
+	if drained != int64(len(ids)) || int64(rep.Sent) != drained || int64(rep.Succeeded) != drained || rep.PublishErrors == 0 {
+		t.Fatalf("drain started with %d, published %d; report sent %d succeeded %d publish errors %d",
+			drained, len(ids), rep.Sent, rep.Succeeded, rep.PublishErrors)
+	}
+}

@@ -47,10 +47,11 @@ type Options struct {
 	// ReplyTimeout is how long to wait with no reply arriving before giving up on the
 	// outstanding runs (they count as CodeNoReply). Zero means 30 s.
 	ReplyTimeout time.Duration
-	// BeforeDrain, when set, runs after every request is published and before replies are
-	// awaited (the preload mode: build a backlog, then start the workers). The throughput
-	// clock starts when it returns.
-	BeforeDrain func(ctx context.Context) error
+	// BeforeDrain, when set, runs after the requests are published and before replies are
+	// awaited (the preload mode: build a backlog, then start the workers), with how many were
+	// published (fewer than Requests when publishing failed part way: those still drain). The
+	// throughput clock starts when it returns.
+	BeforeDrain func(ctx context.Context, published int64) error
 	// Progress, when set, is called about twice a second while the run lasts.
 	Progress func(Progress)
 	// Sampler, when set, samples memory while replies are collected.
@@ -164,8 +165,8 @@ func (g *generator) run(ctx context.Context) (*Report, error) {
 		return nil, pubErr
 	}
 	g.clock = g.start
-	if o.BeforeDrain != nil && pubErr == nil {
-		if err := o.BeforeDrain(ctx); err != nil {
+	if o.BeforeDrain != nil {
+		if err := o.BeforeDrain(ctx, g.sent.Load()); err != nil {
 			return nil, fmt.Errorf("before drain: %w", err)
 		}
 		g.mu.Lock()

@@ -158,7 +158,7 @@ func TestPreloadPublishesEverythingBeforeTheWorkersStart(t *testing.T) {
 	var callsBeforeDrain int64 = -1
 	rep, err := Run(context.Background(), connect(t, s), Options{
 		Requests: n, Producers: 8, Caller: "bench", Body: ticket(t),
-		BeforeDrain: func(ctx context.Context) error {
+		BeforeDrain: func(ctx context.Context, _ int64) error {
 			callsBeforeDrain = s.fake.Calls()
 			return s.StartWorkers(ctx)
 		},
@@ -274,7 +274,7 @@ func TestOptionsCheck(t *testing.T) {
 		{"rate", Options{Requests: 1, Rate: -1, Producers: 1, Caller: "c", Body: body}, "rate must not be negative"},
 		{"caller", Options{Requests: 1, Producers: 1, Body: body}, "caller is required"},
 		{"body", Options{Requests: 1, Producers: 1, Caller: "c"}, "request body is empty"},
-		{"preload by duration", Options{Duration: time.Second, Producers: 1, Caller: "c", Body: body, BeforeDrain: func(context.Context) error { return nil }}, "preload needs a number of requests"},
+		{"preload by duration", Options{Duration: time.Second, Producers: 1, Caller: "c", Body: body, BeforeDrain: func(context.Context, int64) error { return nil }}, "preload needs a number of requests"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Run(context.Background(), nil, tc.o)
@@ -367,7 +367,7 @@ func TestSelfWithoutReplicasServesAnOutsideWorker(t *testing.T) {
 	const n = 12
 	rep, err := Run(context.Background(), connect(t, s), Options{
 		Requests: n, Producers: 3, Caller: "bench", Body: ticket(t),
-		BeforeDrain: func(ctx context.Context) error {
+		BeforeDrain: func(ctx context.Context, _ int64) error {
 			startOutsideWorker(t, s.URL(), s.ProviderURL(), 3)
 			return nil
 		},
