@@ -1,12 +1,15 @@
 package auth
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -463,6 +466,43 @@ func TestJWKSUnreachableAtStartIsAnError(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("error leaks the URL's query: %v", err)
+	}
+}
+
+// A JWKS URL that serves something huge, or redirects elsewhere, fails the load (at start-up:
+// a clear error) instead of exhausting memory or trusting another source.
+func TestJWKSDownloadIsBoundedAndNotRedirected(t *testing.T) {
+	huge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"keys":[],"pad":"`))
+		chunk := bytes.Repeat([]byte("a"), 64<<10)
+		for range 2 * maxJWKSBytes / len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+		_, _ = w.Write([]byte(`"}`))
+	}))
+	defer huge.Close()
+	cfg := jwtConfig()
+	cfg.JWKSURL = huge.URL + "/jwks"
+	if _, err := New(context.Background(), cfg, zerolog.Nop()); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("a 2 MiB JWKS: want an error saying it is too large, got %v", err)
+	}
+
+	good := newJWKSServer(t, rsaSigner(t, 0, "k").public(t))
+	redirect := httptest.NewServer(http.RedirectHandler(good.URL, http.StatusFound))
+	defer redirect.Close()
+	cfg.JWKSURL = redirect.URL + "/jwks"
+	if _, err := New(context.Background(), cfg, zerolog.Nop()); err == nil {
+		t.Fatal("a JWKS URL that redirects was followed")
+	}
+	if good.hits.Load() != 0 {
+		t.Fatalf("the redirect target was fetched %d times", good.hits.Load())
+	}
+	cfg.JWKSURL = good.URL + "/jwks"
+	if _, err := New(context.Background(), cfg, zerolog.Nop()); err != nil {
+		t.Fatalf("a small JWKS served directly: %v", err)
 	}
 }
 

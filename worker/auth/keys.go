@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -33,9 +34,52 @@ type keySet struct {
 // jwksFetchTimeout bounds one JWKS download; a hung IdP must not hold a delivery forever.
 const jwksFetchTimeout = 10 * time.Second
 
+// maxJWKSBytes bounds one JWKS document. Real ones hold a handful of keys (a few KiB); a
+// misconfigured URL serving something huge must fail the load, not exhaust the worker's memory.
+const maxJWKSBytes = 1 << 20
+
+// boundedBody fails a response whose body passes maxJWKSBytes.
+type boundedBody struct{ next http.RoundTripper }
+
+func (b boundedBody) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := b.next.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = &limitedBody{ReadCloser: resp.Body, left: maxJWKSBytes}
+	return resp, nil
+}
+
+type limitedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (l *limitedBody) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		// One more byte would pass the bound: is there one?
+		var probe [1]byte
+		if n, _ := l.ReadCloser.Read(probe[:]); n > 0 {
+			return 0, fmt.Errorf("JWKS document is larger than %d bytes", maxJWKSBytes)
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.ReadCloser.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
 func newURLKeySet(rawURL string, minGap time.Duration, log zerolog.Logger) *keySet {
 	u, _ := url.Parse(rawURL) // validated by Config.Validate
-	client := &http.Client{Timeout: jwksFetchTimeout}
+	client := &http.Client{
+		Timeout:   jwksFetchTimeout,
+		Transport: boundedBody{next: http.DefaultTransport},
+		// The configured URL is the key source; a redirect elsewhere is not followed.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 	return &keySet{
 		source: redactURL(u), minGap: minGap, log: log,
 		load: func(ctx context.Context) (jwk.Set, error) {
