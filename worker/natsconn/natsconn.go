@@ -188,6 +188,11 @@ func options(cfg Config, name string, log zerolog.Logger, closed chan struct{}) 
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.CustomReconnectDelay(backoff),
+		// nats.go otherwise closes the connection for good after the same auth error twice in
+		// a row while reconnecting (a server back before its accounts, a credential being
+		// rotated), leaving a live process with no connection. The first connect still fails
+		// at once on a rejected credential (see permanent).
+		nats.IgnoreAuthErrorAbort(),
 		nats.DrainTimeout(drainTimeout),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {

@@ -445,3 +445,61 @@ func TestConfigFromEnvAndValidate(t *testing.T) {
 		t.Fatalf("RedactURLs: %s", got)
 	}
 }
+
+// TestReconnectSurvivesRepeatedAuthErrors: a server that refuses the credentials for a while
+// after a restart (a password or account being rotated, an account resolver not loaded yet)
+// must not end the connection for good. nats.go closes it after the same auth error twice
+// in a row unless told otherwise; a worker would then sit connected to nothing until restarted.
+func TestReconnectSurvivesRepeatedAuthErrors(t *testing.T) {
+	const password = "rotating-password-value"
+	store := t.TempDir()
+	opts := func(pw string, port int) *server.Options {
+		return &server.Options{Host: "127.0.0.1", Port: port, NoSigs: true, NoLog: true, JetStream: true, StoreDir: store,
+			Users: []*server.User{{Username: "sys1-worker", Password: pw}}}
+	}
+	start := func(o *server.Options) *server.Server {
+		t.Helper()
+		s, err := server.NewServer(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatal("server not ready")
+		}
+		return s
+	}
+	s := start(opts(password, -1))
+	port := s.Addr().(*net.TCPAddr).Port
+
+	var logs natstest.Buffer
+	cfg := remoteConfig(s)
+	cfg.User, cfg.Password = "sys1-worker", password
+	c, err := Connect(context.Background(), cfg, "t", zerolog.New(&logs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s.Shutdown()
+	s.WaitForShutdown()
+
+	// The server comes back refusing this password: several reconnects are refused.
+	s2 := start(opts("another-password", port))
+	waitFor(t, "three refused reconnects", func() bool {
+		return strings.Count(strings.ToLower(logs.String()), "authorization violation") >= 3 || c.NC.IsClosed()
+	})
+	s2.Shutdown()
+	s2.WaitForShutdown()
+	if c.NC.IsClosed() {
+		t.Fatalf("the connection gave up after repeated auth errors:\n%s", logs.String())
+	}
+
+	// Then it accepts it again: the connection is back without a restart.
+	s3 := start(opts(password, port))
+	defer func() { s3.Shutdown(); s3.WaitForShutdown() }()
+	waitFor(t, "reconnect", func() bool { return c.NC.IsConnected() || c.NC.IsClosed() })
+	if !c.NC.IsConnected() {
+		t.Fatalf("not reconnected:\n%s", logs.String())
+	}
+	assertNoSecret(t, password, logs.String())
+}
