@@ -29,8 +29,9 @@ Exit status: 0 success, 1 failed (the reply's error is printed), 2 usage or conn
 
 Connection: SYS1_NATS_URL (default nats://127.0.0.1:4222, the embedded server of
 'sys1 worker'), with SYS1_NATS_CREDS, SYS1_NATS_NKEY, SYS1_NATS_USER/SYS1_NATS_PASSWORD,
-SYS1_NATS_TOKEN and SYS1_NATS_TLS_* as for the worker. A bearer JWT for auth mode jwt comes
-from --token or SYS1_TOKEN.
+SYS1_NATS_TOKEN and SYS1_NATS_TLS_* as for the worker. A user that may read only its own
+inbox (deploy/nats) needs SYS1_NATS_INBOX_PREFIX=_INBOX.<user>. A bearer JWT for auth mode
+jwt comes from --token or SYS1_TOKEN.
 
 flags:
 `

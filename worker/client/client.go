@@ -142,6 +142,20 @@ func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 			return ErrNoStream
 		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+			// A refused subscription's -ERR precedes the PONG: after this, LastError has it.
+			_ = c.nc.FlushTimeout(time.Second)
+		}
+		inbox := c.nc.Opts.InboxPrefix
+		if inbox == "" {
+			inbox = "_INBOX"
+		}
+		if last := c.nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), "Subscription to \""+inbox+".") {
+			// The ack goes to an inbox this connection may not read: it never arrives.
+			return fmt.Errorf("publish to %s: %w (no JetStream ack could arrive: %w; the request may have been stored; "+
+				"connect with an inbox prefix this user may read: nats.CustomInboxPrefix(\"_INBOX.<user>\"), for sys1 commands SYS1_NATS_INBOX_PREFIX)",
+				m.Subject, err, last)
+		}
 		return fmt.Errorf("publish to %s: %w", m.Subject, err)
 	}
 	if ack.Duplicate {
@@ -170,6 +184,9 @@ func (c *Client) Decide(ctx context.Context, req Request) (*Reply, error) {
 		return nil, fmt.Errorf("subscribe to reply inbox: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	if err := c.confirmSubscribed(ctx, replyTo); err != nil {
+		return nil, err
+	}
 	if err := c.publish(ctx, m); err != nil {
 		return nil, err
 	}
@@ -182,6 +199,29 @@ func (c *Client) Decide(ctx context.Context, req Request) (*Reply, error) {
 		return nil, fmt.Errorf("waiting for the reply to run %s: %w", runID, err)
 	}
 	return ParseReply(msg)
+}
+
+// confirmSubscribed waits for the server to take the subscription to replyTo (one round trip)
+// and reports when it refused it. A connection that may not read its inbox (deploy/nats lets a
+// user read only _INBOX.<user>.>) would otherwise store the request and wait out ctx for a
+// reply, and a publish ack, that can never arrive.
+func (c *Client) confirmSubscribed(ctx context.Context, replyTo string) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	if err := c.nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("subscribe to reply inbox: %w", err)
+	}
+	// The server answers a refused SUB with -ERR before the flush's PONG, so by now the
+	// refusal, if any, is the connection's last error; the inbox name is unique to this call.
+	if err := c.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+replyTo+`"`) {
+		return fmt.Errorf("%w: this connection may not subscribe to its reply inbox %s, so no reply could reach it and nothing was published; "+
+			"connect with an inbox prefix it may read (nats.CustomInboxPrefix(\"_INBOX.<user>\"); for sys1 commands SYS1_NATS_INBOX_PREFIX)",
+			nats.ErrPermissionViolation, replyTo)
+	}
+	return nil
 }
 
 // ParseReply decodes a reply message.

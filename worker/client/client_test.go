@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/sys1hq/sys1/worker/client"
@@ -121,5 +122,62 @@ func TestParseReply(t *testing.T) {
 	m.Data = []byte(`not json`)
 	if _, err := client.ParseReply(m); err == nil {
 		t.Error("want an error for a non-JSON reply")
+	}
+}
+
+// TestDecideWithoutPermissionForItsInbox: under deploy/nats's permissions a producer may read
+// only _INBOX.<user>.>. Without the matching inbox prefix Decide must say so at once, before
+// anything is published, instead of storing the request and waiting out its context for a
+// reply (and a publish ack) that can never arrive.
+func TestDecideWithoutPermissionForItsInbox(t *testing.T) {
+	srv := natstest.Start(t, func(o *server.Options) {
+		o.Users = []*server.User{
+			{Username: "admin", Password: "admin-pw"},
+			{Username: "svc-a", Password: "svc-a-pw", Permissions: &server.Permissions{
+				Publish:   &server.SubjectPermission{Allow: []string{"sys1.decide.svc-a", "sys1.decide.svc-a.>"}},
+				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.svc-a.>"}},
+			}},
+		}
+	})
+	admin, js := natstest.Connect(t, srv, nats.UserInfo("admin", "admin-pw"))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := topology.Ensure(ctx, js, topology.Default()); err != nil {
+		t.Fatal(err)
+	}
+	// A stand-in worker answering every request on its reply subject.
+	worker, err := admin.Subscribe(topology.DecideSubjects, func(m *nats.Msg) {
+		r := nats.NewMsg(m.Header.Get(client.HeaderReplyTo))
+		r.Data = []byte(`{"run_id":"` + m.Header.Get(client.HeaderRunID) + `","status":"success","result":null,"error":null,"attempts":[],"queued_ms":0,"latency_ms":0}`)
+		_ = admin.PublishMsg(r)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = worker.Unsubscribe() }()
+
+	nc, _ := natstest.Connect(t, srv, nats.UserInfo("svc-a", "svc-a-pw"))
+	c, _ := client.New(nc)
+	start := time.Now()
+	_, err = c.Decide(ctx, client.Request{Caller: "svc-a", Body: []byte(`{}`), RunID: "denied-1"})
+	if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), "inbox prefix") {
+		t.Fatalf("want a permission error naming the inbox prefix, got %v after %s", err, time.Since(start))
+	}
+	s, _ := js.Stream(ctx, "SYS1_REQUESTS")
+	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 0 {
+		t.Fatalf("nothing may be published when no reply can be read: %+v, %v", info, err)
+	}
+	// Publish cannot get its JetStream ack either: it says why, not just that it timed out.
+	pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer pcancel()
+	if _, err := c.Publish(pctx, client.Request{Caller: "svc-a", Body: []byte(`{}`)}); !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), "inbox prefix") {
+		t.Fatalf("Publish: want a permission error naming the inbox prefix, got %v", err)
+	}
+
+	nc, _ = natstest.Connect(t, srv, nats.UserInfo("svc-a", "svc-a-pw"), nats.CustomInboxPrefix("_INBOX.svc-a"))
+	c, _ = client.New(nc)
+	rep, err := c.Decide(ctx, client.Request{Caller: "svc-a", Body: []byte(`{}`), RunID: "allowed-1"})
+	if err != nil || rep.RunID != "allowed-1" {
+		t.Fatalf("with the inbox prefix: %v", err)
 	}
 }
