@@ -47,21 +47,39 @@ func runDecide(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	timeout := fs.Duration("timeout", 60*time.Second, "how long to wait for the reply")
 	noWait := fs.Bool("no-wait", false, "publish, print the run id and exit without waiting")
 	token := fs.String("token", "", "bearer JWT for auth mode jwt (default $SYS1_TOKEN)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
+	// Flags may come before or after FILE (sys1 decide ticket.json --caller billing): Go's
+	// flag package stops at the first argument, so parse again after each one. After "--"
+	// everything is an argument.
+	var files []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return exitOK
+			}
+			return exitUsage
 		}
-		return exitUsage
+		if used := len(rest) - fs.NArg(); used > 0 && rest[used-1] == "--" {
+			files = append(files, fs.Args()...)
+			break
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		files, rest = append(files, fs.Arg(0)), fs.Args()[1:]
 	}
-	if fs.NArg() > 1 {
-		fmt.Fprintln(stderr, "sys1 decide: at most one FILE")
+	if len(files) > 1 {
+		fmt.Fprintf(stderr, "sys1 decide: at most one FILE, got %d (%s)\n", len(files), strings.Join(files, ", "))
 		fs.Usage()
 		return exitUsage
+	}
+	file := ""
+	if len(files) == 1 {
+		file = files[0]
 	}
 	if *token == "" {
 		*token = os.Getenv("SYS1_TOKEN")
 	}
-	body, err := readRequest(fs.Arg(0))
+	body, err := readRequest(file)
 	if err != nil {
 		fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
 		return exitUsage

@@ -68,6 +68,24 @@ func TestDecideExitStatus(t *testing.T) {
 		t.Fatalf("printed reply: %v\n%s", err, out)
 	}
 
+	// Flags may follow the file, as most CLIs allow; and - reads standard input.
+	code, out, errOut = decide(t, ticket, "--caller", "cli-test", "--run-id", "flags-after-file")
+	if code != exitOK || !strings.Contains(out, `"run_id": "flags-after-file"`) {
+		t.Fatalf("flags after FILE: exit %d, stderr %s\n%s", code, errOut, out)
+	}
+	f, err := os.Open(ticket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin := os.Stdin
+	os.Stdin = f
+	code, out, errOut = decide(t, "-", "--run-id", "from-stdin")
+	os.Stdin = stdin
+	f.Close()
+	if code != exitOK || !strings.Contains(out, `"run_id": "from-stdin"`) {
+		t.Fatalf("- with flags after it: exit %d, stderr %s\n%s", code, errOut, out)
+	}
+
 	// --model applies and is checked by the worker: a model outside the allow-list fails.
 	code, out, _ = decide(t, "--model", "not-allowed", ticket)
 	if code != exitFailed || !strings.Contains(out, "SYS1_MODEL_NOT_ALLOWED") {
@@ -114,12 +132,14 @@ func TestDecideExitStatus(t *testing.T) {
 	}
 
 	for name, args := range map[string][]string{
-		"unknown flag":  {"--nope", ticket},
-		"missing file":  {filepath.Join(t.TempDir(), "absent.json")},
-		"two files":     {ticket, ticket},
-		"bad caller":    {"--caller", "a b", ticket},
-		"bad deadline":  {"--deadline", "soon", ticket},
-		"model on junk": {"--model", "x", bad + ".missing"},
+		"unknown flag":             {"--nope", ticket},
+		"missing file":             {filepath.Join(t.TempDir(), "absent.json")},
+		"two files":                {ticket, ticket},
+		"two files, flags between": {ticket, "--caller", "x", ticket},
+		"file after --":            {"--", ticket, ticket},
+		"bad caller":               {"--caller", "a b", ticket},
+		"bad deadline":             {"--deadline", "soon", ticket},
+		"model on junk":            {"--model", "x", bad + ".missing"},
 	} {
 		if code, _, _ := decide(t, args...); code != exitUsage {
 			t.Errorf("%s: exit %d, want %d", name, code, exitUsage)
