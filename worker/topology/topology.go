@@ -40,7 +40,8 @@ type Config struct {
 	// RunIDTTL is how long the run-id gate remembers a run (ownership and stored outcome). It
 	// must outlive the request stream's max age so every redelivery finds its run.
 	RunIDTTL time.Duration `env:"SYS1_RUN_ID_TTL" envDefault:"168h"`
-	// DedupeWindow is the JetStream Nats-Msg-Id window on the request and run streams.
+	// DedupeWindow is the JetStream Nats-Msg-Id window of the request stream (at most its max
+	// age); the run and reply streams use it too, capped at their own max age.
 	DedupeWindow time.Duration `env:"SYS1_DEDUPE_WINDOW" envDefault:"2m"`
 	// AckWait is how long a delivery may run without an ack or InProgress before redelivery.
 	AckWait time.Duration `env:"SYS1_ACK_WAIT" envDefault:"30s"`
@@ -139,7 +140,7 @@ func (c Config) RunsStreamConfig() jetstream.StreamConfig {
 		Storage:     jetstream.FileStorage,
 		Replicas:    c.Replicas,
 		MaxAge:      c.RunsMaxAge,
-		Duplicates:  c.DedupeWindow,
+		Duplicates:  min(c.DedupeWindow, c.RunsMaxAge), // JetStream refuses a window longer than the max age
 		MaxMsgSize:  c.MaxMsgSize,
 	}
 }
@@ -154,7 +155,7 @@ func (c Config) RepliesStreamConfig() jetstream.StreamConfig {
 		Storage:     jetstream.FileStorage,
 		Replicas:    c.Replicas,
 		MaxAge:      c.RepliesMaxAge,
-		Duplicates:  c.DedupeWindow,
+		Duplicates:  min(c.DedupeWindow, c.RepliesMaxAge), // JetStream refuses a window longer than the max age
 		MaxMsgSize:  c.MaxMsgSize,
 	}
 }

@@ -127,3 +127,29 @@ func TestConfigValidateNamesEveryBadVariable(t *testing.T) {
 		t.Errorf("defaults invalid: %v", errs)
 	}
 }
+
+// TestShortReplyOrRunRetention: SYS1_DEDUPE_WINDOW is the request stream's window; a reply or
+// run stream kept for less than it (replies for one minute, say) is a valid configuration,
+// not a start-up failure with JetStream's "duplicates window can not be larger then max age".
+func TestShortReplyOrRunRetention(t *testing.T) {
+	js := jetStream(t)
+	ctx := context.Background()
+	cfg := topology.Default()
+	cfg.RepliesMaxAge = time.Minute
+	cfg.RunsMaxAge = 90 * time.Second
+	if errs := cfg.Validate(); len(errs) != 0 {
+		t.Fatalf("valid config rejected: %v", errs)
+	}
+	if _, err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatalf("Ensure: %v", err)
+	}
+	for name, want := range map[string]time.Duration{"SYS1_REPLIES": time.Minute, "SYS1_RUNS": 90 * time.Second, "SYS1_REQUESTS": 2 * time.Minute} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.CachedInfo().Config.Duplicates; got != want {
+			t.Errorf("%s: duplicates window %s, want %s", name, got, want)
+		}
+	}
+}
