@@ -1,10 +1,14 @@
 // Package client is the Go producer side of sys1: publish a System One request to
 // sys1.decide.<caller> and, optionally, await its reply.
 //
+//	nc, _ := nats.Connect(url, nats.CustomInboxPrefix("_INBOX.billing")) // an inbox this user may read
 //	c, _ := client.New(nc)
 //	reply, err := c.Decide(ctx, client.Request{Caller: "billing", Body: body})
-//	if err != nil { ... }           // transport trouble: nothing was decided
+//	if err != nil { ... }           // no reply: ErrNoStream, ErrDuplicate (an earlier publish of this run id gets it), transport trouble
 //	if reply.Status == "failed" { ... reply.Error.Code ... }
+//	runID, err := c.Publish(ctx, client.Request{Caller: "billing", Body: body}) // fire and forget
+//
+// See ExampleClient_Decide for a complete, tested program.
 package client
 
 import (
