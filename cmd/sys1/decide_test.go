@@ -187,3 +187,24 @@ func TestWithModelSplicesTheModelIn(t *testing.T) {
 		}
 	}
 }
+
+// TestDecideValidatesAsAClient: without SYS1_NATS_URL a client command connects to
+// nats://127.0.0.1:4222; it never embeds a server, so settings for a remote server (creds,
+// nkey, TLS) are not "embedded-server" errors, and the embedded server's settings are not its
+// business.
+func TestDecideValidatesAsAClient(t *testing.T) {
+	ticket := filepath.Join("..", "..", "contract", "examples", "ticket.json")
+	t.Setenv("SYS1_NATS_URL", "")
+	t.Setenv("SYS1_NATS_TLS_CA", ticket) // readable; what it holds does not matter here
+	t.Setenv("SYS1_NATS_LISTEN", "not-an-address")
+	t.Setenv("SYS1_NATS_PASSWORD", "pw-that-must-not-leak") // without SYS1_NATS_USER: the one real error
+	code, _, errOut := decide(t, ticket)
+	if code != exitUsage || !strings.Contains(errOut, "SYS1_NATS_USER") {
+		t.Fatalf("exit %d, stderr %s", code, errOut)
+	}
+	for _, bad := range []string{"applies to a remote server", "SYS1_NATS_LISTEN", "pw-that-must-not-leak"} {
+		if strings.Contains(errOut, bad) {
+			t.Errorf("stderr mentions %q:\n%s", bad, errOut)
+		}
+	}
+}

@@ -20,6 +20,9 @@ const defaultClientURL = "nats://127.0.0.1:4222"
 // up after a few seconds instead of waiting for NATS to appear.
 func dialClient(ctx context.Context, name string, logTo io.Writer) (*natsconn.Conn, error) {
 	cfg := natsconn.DefaultConfig()
+	// Set before validation: a client's settings are those of a remote server (creds, nkey,
+	// TLS are fine; the embedded server's SYS1_NATS_LISTEN and SYS1_DATA_DIR do not apply).
+	cfg.URL = defaultClientURL
 	if err := loadConfig(&cfg); err != nil {
 		return nil, err
 	}
