@@ -52,15 +52,22 @@ func (c *Config) Validate() []error {
 	return errs
 }
 
+// ReplicaID is the replica's id: SYS1_WORKER_ID, or host-pid when it is unset. It names the
+// replica in run records, logs, /metrics and its NATS connection.
+func (c *Config) ReplicaID() string {
+	if c.ID != "" {
+		return c.ID
+	}
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "worker"
+	}
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
 func (c *Config) withDefaults() Config {
 	out := *c
-	if out.ID == "" {
-		host, _ := os.Hostname()
-		if host == "" {
-			host = "worker"
-		}
-		out.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
-	}
+	out.ID = c.ReplicaID()
 	if out.FetchBatch > out.Concurrency {
 		out.FetchBatch = out.Concurrency
 	}

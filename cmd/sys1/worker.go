@@ -67,7 +67,9 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 	}
 	log := newLogger(stderr, s.log, "worker")
 
-	conn, err := natsconn.Connect(ctx, s.nats, "sys1-worker", log)
+	// The replica's id in the connection name tells replicas apart in `nats server report
+	// connections`.
+	conn, err := natsconn.Connect(ctx, s.nats, "sys1-worker "+s.worker.ReplicaID(), log)
 	if err != nil {
 		if ctx.Err() != nil {
 			// SIGTERM/SIGINT while still waiting for NATS: the operator asked for the stop.

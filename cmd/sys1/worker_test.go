@@ -182,3 +182,32 @@ func TestStopBeforeNATSConnectsIsNotAnError(t *testing.T) {
 		})
 	}
 }
+
+// Each replica's NATS connection is named after it, so `nats server report connections` tells
+// replicas apart.
+func TestWorkerConnectionIsNamedAfterTheReplica(t *testing.T) {
+	srv := natstest.Start(t)
+	t.Setenv("SYS1_NATS_URL", srv.ClientURL())
+	t.Setenv("SYS1_PROVIDER", "simulator")
+	t.Setenv("SYS1_WORKER_ID", "replica-7")
+	ctx, stop := context.WithCancel(context.Background())
+	var stderr natstest.Buffer
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, []string{"worker"}, &bytes.Buffer{}, &stderr) }()
+	defer func() {
+		stop()
+		<-exited
+	}()
+	natstest.WaitFor(t, 30*time.Second, "the worker's connection", func() bool {
+		connz, err := srv.Connz(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range connz.Conns {
+			if c.Name == "sys1-worker replica-7" {
+				return true
+			}
+		}
+		return false
+	})
+}
