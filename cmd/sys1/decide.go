@@ -72,6 +72,10 @@ func runDecide(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fs.Usage()
 		return exitUsage
 	}
+	if *timeout <= 0 && !*noWait {
+		fmt.Fprintf(stderr, "sys1 decide: --timeout must be positive, got %s (use --no-wait not to wait)\n", *timeout)
+		return exitUsage
+	}
 	file := ""
 	if len(files) == 1 {
 		file = files[0]

@@ -145,6 +145,11 @@ func TestDecideExitStatus(t *testing.T) {
 			t.Errorf("%s: exit %d, want %d", name, code, exitUsage)
 		}
 	}
+	// A timeout of zero is a usage error said as such, not a request published and then
+	// "no reply within 0s".
+	if code, _, errOut := decide(t, "--timeout", "0s", "--run-id", "zero-timeout", ticket); code != exitUsage || !strings.Contains(errOut, "--timeout must be positive") {
+		t.Errorf("--timeout 0s: exit %d, %q", code, errOut)
+	}
 }
 
 func TestDecideConnectionErrors(t *testing.T) {
