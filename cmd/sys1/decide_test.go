@@ -199,11 +199,23 @@ func TestWithModelSplicesTheModelIn(t *testing.T) {
 // business.
 func TestDecideValidatesAsAClient(t *testing.T) {
 	ticket := filepath.Join("..", "..", "contract", "examples", "ticket.json")
+	checkValidatesNATSAsAClient(t, func() (int, string) {
+		code, _, errOut := decide(t, ticket)
+		return code, errOut
+	})
+}
+
+// checkValidatesNATSAsAClient runs a client command (decide, sink, …) without SYS1_NATS_URL and
+// with NATS settings only an embedded server would refuse: TLS applies to a client, the embedded
+// server's SYS1_NATS_LISTEN does not. The one real error, a password without a user, must be
+// the only one named, and the password never printed.
+func checkValidatesNATSAsAClient(t *testing.T, runCommand func() (code int, stderr string)) {
+	t.Helper()
 	t.Setenv("SYS1_NATS_URL", "")
-	t.Setenv("SYS1_NATS_TLS_CA", ticket) // readable; what it holds does not matter here
+	t.Setenv("SYS1_NATS_TLS_CA", filepath.Join("..", "..", "contract", "examples", "ticket.json")) // readable; its content does not matter here
 	t.Setenv("SYS1_NATS_LISTEN", "not-an-address")
-	t.Setenv("SYS1_NATS_PASSWORD", "pw-that-must-not-leak") // without SYS1_NATS_USER: the one real error
-	code, _, errOut := decide(t, ticket)
+	t.Setenv("SYS1_NATS_PASSWORD", "pw-that-must-not-leak")
+	code, errOut := runCommand()
 	if code != exitUsage || !strings.Contains(errOut, "SYS1_NATS_USER") {
 		t.Fatalf("exit %d, stderr %s", code, errOut)
 	}

@@ -38,13 +38,14 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 		cfg     = sink.DefaultConfig()
 		httpCfg HTTPConfig
 	)
+	// The sink is a client of the workers' NATS; it never starts an embedded server. The
+	// default URL is in place before validation, so its settings are checked as a client's
+	// (creds, nkey and TLS apply; the embedded server's SYS1_NATS_LISTEN and SYS1_DATA_DIR
+	// do not).
+	natsCfg.URL = defaultClientURL
 	if err := loadConfig(&logCfg, &natsCfg, &topo, &cfg, requireDSN(&cfg), &httpCfg); err != nil {
 		fmt.Fprintln(stderr, "sys1 sink:", err)
 		return exitUsage
-	}
-	// The sink is a client of the workers' NATS; it never starts an embedded server.
-	if natsCfg.URL == "" {
-		natsCfg.URL = defaultClientURL
 	}
 	log := newLogger(stderr, logCfg, "sink")
 	host, _ := os.Hostname()

@@ -206,3 +206,14 @@ func TestSinkCommandNeedsDSN(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", code, errOut.String())
 	}
 }
+
+// The sink is a NATS client: without SYS1_NATS_URL it connects to the default URL, and its
+// settings are checked as a client's.
+func TestSinkValidatesNATSAsAClient(t *testing.T) {
+	t.Setenv("SYS1_CLICKHOUSE_DSN", "http://127.0.0.1:1")
+	checkValidatesNATSAsAClient(t, func() (int, string) {
+		var out, errOut bytes.Buffer
+		code := run(context.Background(), []string{"sink"}, &out, &errOut)
+		return code, errOut.String()
+	})
+}
