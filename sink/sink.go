@@ -132,7 +132,7 @@ func (s *Sink) Stats() Stats {
 // within ShutdownTimeout, otherwise nak'ed for prompt redelivery; then Run returns nil. It returns an
 // error only when the stream or consumer cannot be set up.
 func (s *Sink) Run(ctx context.Context) error {
-	if err := topology.EnsureRunsStream(ctx, s.js, s.topo); err != nil {
+	if err := topology.EnsureRunsStream(ctx, s.js, s.topo, topology.WithLogger(s.log)); err != nil {
 		return fmt.Errorf("sink: %w", err)
 	}
 	cons, err := topology.EnsureSinkConsumer(ctx, s.js, s.topo, s.cfg.AckWait, s.cfg.MaxAckPending)
@@ -221,7 +221,7 @@ func (s *Sink) recreateIfGone(ctx context.Context, fetchErr error, goneSince *ti
 	if time.Since(*goneSince) < recreateSettle {
 		return nil, false
 	}
-	if err := topology.EnsureRunsStream(ctx, s.js, s.topo); err != nil {
+	if err := topology.EnsureRunsStream(ctx, s.js, s.topo, topology.WithLogger(s.log)); err != nil {
 		s.log.Warn().Err(err).Msg("sink: the consumer is gone and SYS1_RUNS could not be recreated; trying again")
 		return nil, false
 	}

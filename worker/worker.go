@@ -101,7 +101,7 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 // notes which incarnation of the request stream this is. New calls it; so does the pull loop
 // when they have vanished (NATS lost its store, or an operator deleted them).
 func (w *Worker) ensure(ctx context.Context) error {
-	kv, err := topology.Ensure(ctx, w.opt.JS, w.opt.Topology)
+	kv, err := topology.Ensure(ctx, w.opt.JS, w.opt.Topology, topology.WithLogger(w.log))
 	if err != nil {
 		return err
 	}

@@ -10,9 +10,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 )
 
 // Subjects of SPEC §2–§4.
@@ -205,11 +208,28 @@ func (c Config) RunsBucketConfig() jetstream.KeyValueConfig {
 	}
 }
 
+// Option adjusts Ensure and EnsureRunsStream.
+type Option func(*options)
+
+type options struct{ log zerolog.Logger }
+
+// WithLogger logs the stream settings Ensure changes back to sys1's configuration.
+func WithLogger(log zerolog.Logger) Option { return func(o *options) { o.log = log } }
+
+func newOptions(opts []Option) options {
+	o := options{log: zerolog.Nop()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
 // Ensure creates or updates the streams and the run-id bucket. It does not create consumers:
 // each component ensures its own (EnsureWorkerConsumer, EnsureSinkConsumer).
-func Ensure(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.KeyValue, error) {
+func Ensure(ctx context.Context, js jetstream.JetStream, c Config, opts ...Option) (jetstream.KeyValue, error) {
+	o := newOptions(opts)
 	for _, sc := range []jetstream.StreamConfig{c.RequestsStreamConfig(), c.RunsStreamConfig(), c.RepliesStreamConfig()} {
-		if err := ensureStream(ctx, js, sc); err != nil {
+		if err := ensureStream(ctx, js, sc, o); err != nil {
 			return nil, err
 		}
 	}
@@ -221,11 +241,14 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Ke
 }
 
 // EnsureRunsStream creates or updates only SYS1_RUNS (what the sink needs).
-func EnsureRunsStream(ctx context.Context, js jetstream.JetStream, c Config) error {
-	return ensureStream(ctx, js, c.RunsStreamConfig())
+func EnsureRunsStream(ctx context.Context, js jetstream.JetStream, c Config, opts ...Option) error {
+	return ensureStream(ctx, js, c.RunsStreamConfig(), newOptions(opts))
 }
 
-func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig) error {
+// ensureStream creates the stream, or brings the settings sys1 owns (those its StreamConfig
+// sets) back to sc, leaving every other setting an operator chose (a byte limit, placement,
+// compression, …) as it is. A stream already as configured is left alone.
+func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig, o options) error {
 	existing, err := js.Stream(ctx, sc.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -244,10 +267,47 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.Stre
 	if have.Storage != sc.Storage {
 		return fmt.Errorf("stream %s exists with %s storage, sys1 needs %s; it cannot be changed in place", sc.Name, have.Storage, sc.Storage)
 	}
-	if _, err := js.UpdateStream(ctx, sc); err != nil {
-		return fmt.Errorf("stream %s: cannot update to sys1's configuration: %w", sc.Name, err)
+	want := have
+	want.Description, want.Subjects, want.Replicas = sc.Description, sc.Subjects, sc.Replicas
+	want.MaxAge, want.Duplicates, want.MaxMsgSize, want.Discard = sc.MaxAge, sc.Duplicates, sc.MaxMsgSize, sc.Discard
+	changes := streamChanges(have, want)
+	if len(changes) == 0 {
+		return nil
 	}
+	if _, err := js.UpdateStream(ctx, want); err != nil {
+		return fmt.Errorf("stream %s: cannot update to sys1's configuration (%s): %w", sc.Name, strings.Join(changes, "; "), err)
+	}
+	o.log.Warn().Str("stream", sc.Name).Strs("changes", changes).
+		Msg("stream settings differed from sys1's configuration (SYS1_* variables); updated them")
 	return nil
+}
+
+// streamChanges lists the settings sys1 owns that differ between have and want.
+func streamChanges(have, want jetstream.StreamConfig) []string {
+	var out []string
+	add := func(name string, from, to any) { out = append(out, fmt.Sprintf("%s %v → %v", name, from, to)) }
+	if have.Description != want.Description {
+		add("description", have.Description, want.Description)
+	}
+	if !slices.Equal(have.Subjects, want.Subjects) {
+		add("subjects", have.Subjects, want.Subjects)
+	}
+	if have.Replicas != want.Replicas {
+		add("replicas", have.Replicas, want.Replicas)
+	}
+	if have.MaxAge != want.MaxAge {
+		add("max_age", have.MaxAge, want.MaxAge)
+	}
+	if have.Duplicates != want.Duplicates {
+		add("duplicate_window", have.Duplicates, want.Duplicates)
+	}
+	if have.MaxMsgSize != want.MaxMsgSize {
+		add("max_msg_size", have.MaxMsgSize, want.MaxMsgSize)
+	}
+	if have.Discard != want.Discard {
+		add("discard", have.Discard, want.Discard)
+	}
+	return out
 }
 
 // EnsureWorkerConsumer creates or updates the shared worker consumer.

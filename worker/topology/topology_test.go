@@ -1,12 +1,14 @@
 package topology_test
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -151,5 +153,42 @@ func TestShortReplyOrRunRetention(t *testing.T) {
 		if got := s.CachedInfo().Config.Duplicates; got != want {
 			t.Errorf("%s: duplicates window %s, want %s", name, got, want)
 		}
+	}
+}
+
+// An operator's own settings survive a worker's start (here a byte limit on SYS1_RUNS); the
+// settings sys1 owns go back to its configuration, and a log line says which changed.
+func TestEnsureKeepsOperatorSettingsAndLogsWhatItChanges(t *testing.T) {
+	js := jetStream(t)
+	ctx := context.Background()
+	cfg := topology.Default()
+	sc := cfg.RunsStreamConfig()
+	sc.MaxBytes = 1 << 30
+	sc.MaxAge = time.Hour
+	if _, err := js.CreateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	if _, err := topology.Ensure(ctx, js, cfg, topology.WithLogger(zerolog.New(&logs))); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, cfg.RunsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s.CachedInfo().Config
+	if got.MaxBytes != 1<<30 || got.MaxAge != cfg.RunsMaxAge {
+		t.Fatalf("max_bytes %d (want the operator's %d kept), max_age %s (want sys1's %s)", got.MaxBytes, 1<<30, got.MaxAge, cfg.RunsMaxAge)
+	}
+	if !strings.Contains(logs.String(), `"stream":"SYS1_RUNS"`) || !strings.Contains(logs.String(), "max_age 1h0m0s → 168h0m0s") {
+		t.Errorf("no log line names the change: %s", logs.String())
+	}
+	// Nothing differs now: a second start changes and logs nothing.
+	logs.Reset()
+	if _, err := topology.Ensure(ctx, js, cfg, topology.WithLogger(zerolog.New(&logs))); err != nil {
+		t.Fatal(err)
+	}
+	if logs.Len() != 0 {
+		t.Errorf("a second Ensure logged changes: %s", logs.String())
 	}
 }
