@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/sys1hq/sys1/contract"
@@ -36,6 +37,11 @@ type Config struct {
 	// meant for another user; set it to _INBOX.<user> there.
 	InboxPrefix string `env:"SYS1_NATS_INBOX_PREFIX"`
 
+	// PingInterval is how often the client pings the server; three unanswered pings mark the
+	// connection stale and it reconnects. nats.go's 2 minutes would leave a replica behind a
+	// silently dead connection (a NATS node lost without a reset) idle for 4–6 minutes.
+	PingInterval time.Duration `env:"SYS1_NATS_PING_INTERVAL" envDefault:"20s"`
+
 	// Embedded server (only when URL is empty).
 	DataDir    string `env:"SYS1_DATA_DIR" envDefault:"./data"`
 	Listen     string `env:"SYS1_NATS_LISTEN" envDefault:"127.0.0.1:4222"`
@@ -44,7 +50,7 @@ type Config struct {
 
 // DefaultConfig is what env parsing yields with nothing set.
 func DefaultConfig() Config {
-	return Config{DataDir: "./data", Listen: "127.0.0.1:4222", MaxPayload: 8 << 20}
+	return Config{DataDir: "./data", Listen: "127.0.0.1:4222", MaxPayload: 8 << 20, PingInterval: 20 * time.Second}
 }
 
 // maxServerPayload is nats-server's hard limit for max_payload.
@@ -147,6 +153,9 @@ func (c *Config) Validate() []error {
 		if _, _, err := splitListen(c.Listen); err != nil {
 			add("SYS1_NATS_LISTEN: %v", err)
 		}
+	}
+	if c.PingInterval < 100*time.Millisecond || c.PingInterval > 10*time.Minute {
+		add("SYS1_NATS_PING_INTERVAL: must be between 100ms and 10m, got %s", c.PingInterval)
 	}
 	if c.MaxPayload < 1024 || c.MaxPayload > maxServerPayload {
 		add("SYS1_NATS_MAX_PAYLOAD: must be between 1024 and %d bytes, got %d", maxServerPayload, c.MaxPayload)

@@ -183,11 +183,16 @@ func backoff(attempt int) time.Duration {
 	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
 }
 
+// maxPingsOut is how many unanswered pings make a connection stale (see PingInterval).
+const maxPingsOut = 3
+
 func options(cfg Config, name string, log zerolog.Logger, closed chan struct{}) ([]nats.Option, error) {
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.CustomReconnectDelay(backoff),
+		nats.PingInterval(cfg.PingInterval),
+		nats.MaxPingsOutstanding(maxPingsOut),
 		// nats.go otherwise closes the connection for good after the same auth error twice in
 		// a row while reconnecting (a server back before its accounts, a credential being
 		// rotated), leaving a live process with no connection. The first connect still fails
