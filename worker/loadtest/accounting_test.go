@@ -161,6 +161,11 @@ func TestScheduleLagShowsProducersBehindTheRate(t *testing.T) {
 	if !rep.Behind() {
 		t.Fatal("a run 190 ms behind a 100 µs schedule is not reported as behind")
 	}
+	// Latency counts from when each request was due: the last one waited its turn behind the
+	// slow publishes, as a client on that schedule would have (no coordinated omission).
+	if want := (n - 1) * 9.9; rep.Latency.MaxMS < want {
+		t.Fatalf("max latency %gms hides the schedule lag; want ≥ %gms", rep.Latency.MaxMS, want)
+	}
 	var text strings.Builder
 	if err := rep.WriteText(&text); err != nil {
 		t.Fatal(err)

@@ -332,9 +332,16 @@ func (g *generator) publish(ctx context.Context, i int64, dueAt time.Time) error
 	// Register before publishing: a fast worker can answer before the publish ack arrives.
 	g.mu.Lock()
 	now := time.Now()
-	g.pending[runID] = now
+	// Latency runs from when the request was due, not from when a producer that fell behind
+	// got round to it: a real client keeping that schedule would have waited all along, and
+	// measuring from the late start would hide exactly the slowness (coordinated omission).
+	start := now
+	if !dueAt.IsZero() && dueAt.Before(now) {
+		start = dueAt
+	}
+	g.pending[runID] = start
 	if !dueAt.IsZero() {
-		g.lag = append(g.lag, max(now.Sub(dueAt), 0))
+		g.lag = append(g.lag, now.Sub(start))
 	}
 	g.mu.Unlock()
 	err := g.publishFn(ctx, client.Request{Caller: g.o.Caller, Body: g.o.Body, RunID: runID, ReplyTo: g.inbox})
