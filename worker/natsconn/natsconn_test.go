@@ -28,23 +28,17 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	natstest.WaitFor(t, 5*time.Second, what, cond)
 }
 
+// startServer runs a nats-server with JetStream shaped by opts (users, TLS, …).
 func startServer(t *testing.T, opts *server.Options) *server.Server {
 	t.Helper()
-	opts.Host, opts.Port, opts.NoSigs, opts.NoLog = "127.0.0.1", -1, true, true
-	opts.JetStream = true
-	if opts.StoreDir == "" {
-		opts.StoreDir = t.TempDir()
-	}
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
+	return natstest.Start(t, func(o *server.Options) {
+		storeDir := o.StoreDir
+		*o = *opts
+		o.Host, o.Port, o.NoSigs, o.NoLog, o.JetStream = "127.0.0.1", -1, true, true, true
+		if o.StoreDir == "" {
+			o.StoreDir = storeDir
+		}
+	})
 }
 
 // roundTrip proves the connection and its JetStream context work end to end.
@@ -459,15 +453,7 @@ func TestReconnectSurvivesRepeatedAuthErrors(t *testing.T) {
 	}
 	start := func(o *server.Options) *server.Server {
 		t.Helper()
-		s, err := server.NewServer(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Start()
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatal("server not ready")
-		}
-		return s
+		return natstest.Start(t, func(so *server.Options) { *so = *o })
 	}
 	s := start(opts(password, -1))
 	port := s.Addr().(*net.TCPAddr).Port
