@@ -198,27 +198,20 @@ func (s *Sink) fetchLoop(ctx context.Context, cons jetstream.Consumer, work chan
 
 // recreateIfGone recreates the consumer, and SYS1_RUNS under it, when a failed pull was
 // because they no longer exist (deleted by someone, or NATS came back without its data) rather
-// than because NATS is unreachable, and have been missing for recreateSettle (*goneSince
-// tracks that: a stream recreated within milliseconds of its deletion can come up broken, see
-// worker.recreateTopology). A recreated consumer starts again from the beginning of the
+// than because NATS is unreachable, and have been missing for topology.RecreateSettle
+// (*goneSince tracks that). A recreated consumer starts again from the beginning of the
 // stream, and the copies it re-inserts fold away under FINAL.
 func (s *Sink) recreateIfGone(ctx context.Context, fetchErr error, goneSince *time.Time) (jetstream.Consumer, bool) {
-	gone := errors.Is(fetchErr, jetstream.ErrConsumerDeleted) || errors.Is(fetchErr, jetstream.ErrConsumerNotFound)
-	if !gone {
-		// A pull for a consumer that does not exist often fails as "no responders"; ask.
-		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := s.js.Consumer(ictx, s.topo.RunsStream, s.topo.SinkConsumer)
-		cancel()
-		gone = errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
-	}
+	gone := errors.Is(fetchErr, jetstream.ErrConsumerDeleted) || errors.Is(fetchErr, jetstream.ErrConsumerNotFound) ||
+		topology.ConsumerGone(ctx, s.js, s.topo.RunsStream, s.topo.SinkConsumer)
 	if !gone {
 		return nil, false
 	}
 	if goneSince.IsZero() {
 		*goneSince = time.Now()
-		s.log.Warn().Dur("recreate_in", recreateSettle).Msg("sink: the consumer (or its stream) is gone; recreating it")
+		s.log.Warn().Dur("recreate_in", topology.RecreateSettle).Msg("sink: the consumer (or its stream) is gone; recreating it")
 	}
-	if time.Since(*goneSince) < recreateSettle {
+	if time.Since(*goneSince) < topology.RecreateSettle {
 		return nil, false
 	}
 	if err := topology.EnsureRunsStream(ctx, s.js, s.topo, topology.WithLogger(s.log)); err != nil {
@@ -234,9 +227,6 @@ func (s *Sink) recreateIfGone(ctx context.Context, fetchErr error, goneSince *ti
 	s.log.Warn().Str("stream", s.topo.RunsStream).Str("consumer", s.topo.SinkConsumer).Msg("sink: the consumer (or its stream) was gone; recreated it")
 	return c, true
 }
-
-// recreateSettle is how long the consumer must have been missing before it is recreated.
-const recreateSettle = 2 * time.Second
 
 // fetch pulls one batch: up to BatchSize messages, waiting at most BatchAge. Bounding the pull
 // itself (not the time since the first message) keeps exactly one pull request outstanding,

@@ -123,20 +123,16 @@ func (w *Worker) ensure(ctx context.Context) error {
 }
 
 // recreateTopology runs ensure on behalf of the pull loop once the topology has been missing
-// for recreateSettle, then at most once a second until it succeeds. It reports whether the
-// topology was recreated.
-//
-// The wait is not caution for its own sake: a stream recreated within milliseconds of its
-// deletion (the pull sees "consumer deleted" at once) can come up carrying the deleted stream's
-// last sequence and then never acknowledge a publish (nats-server v2.15, seen under load).
+// for topology.RecreateSettle (which says why it waits), then at most once a second until it
+// succeeds. It reports whether the topology was recreated.
 func (w *Worker) recreateTopology(ctx context.Context, cause error, why string) bool {
 	now := time.Now()
 	if w.missingSince.IsZero() {
 		w.missingSince = now
-		w.log.Warn().AnErr("cause", cause).Dur("recreate_in", recreateSettle).Msg(why + "; recreating the JetStream topology")
+		w.log.Warn().AnErr("cause", cause).Dur("recreate_in", topology.RecreateSettle).Msg(why + "; recreating the JetStream topology")
 		return false
 	}
-	if now.Sub(w.missingSince) < recreateSettle || now.Sub(w.lastRepair) < time.Second {
+	if now.Sub(w.missingSince) < topology.RecreateSettle || now.Sub(w.lastRepair) < time.Second {
 		return false
 	}
 	w.lastRepair = now
@@ -149,9 +145,6 @@ func (w *Worker) recreateTopology(ctx context.Context, cause error, why string) 
 	return true
 }
 
-// recreateSettle is how long the topology must have been missing before it is recreated.
-const recreateSettle = 2 * time.Second
-
 // requestRepair asks the pull loop to recreate the topology if err says part of it is missing.
 func (w *Worker) requestRepair(err error) {
 	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrStreamNotFound) ||
@@ -163,13 +156,9 @@ func (w *Worker) requestRepair(err error) {
 	}
 }
 
-// topologyGone reports whether the shared consumer or its stream no longer exists, as opposed
-// to NATS being unreachable (which only needs patience).
+// topologyGone reports whether the shared consumer or its stream no longer exists.
 func (w *Worker) topologyGone(ctx context.Context) bool {
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	_, err := w.cons.Info(ictx)
-	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
+	return topology.ConsumerGone(ctx, w.opt.JS, w.opt.Topology.RequestsStream, w.opt.Topology.WorkerConsumer)
 }
 
 // ID is the replica id written into run records.

@@ -208,6 +208,23 @@ func (c Config) RunsBucketConfig() jetstream.KeyValueConfig {
 	}
 }
 
+// RecreateSettle is how long a stream, bucket or consumer must have been missing before a
+// worker or sink recreates it. The wait is not caution for its own sake: a stream recreated
+// within milliseconds of its deletion (a pull sees "consumer deleted" at once) can come up
+// carrying the deleted stream's last sequence and then never acknowledge a publish
+// (nats-server v2.15, seen under load); two seconds later it comes up sound.
+const RecreateSettle = 2 * time.Second
+
+// ConsumerGone reports whether a consumer, or the stream under it, no longer exists, as
+// opposed to NATS being unreachable (which only needs patience). A pull from a consumer that
+// is gone often fails only as "no responders", so callers ask this after a failed pull.
+func ConsumerGone(ctx context.Context, js jetstream.JetStream, stream, consumer string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := js.Consumer(ctx, stream, consumer)
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
+}
+
 // Option adjusts Ensure and EnsureRunsStream.
 type Option func(*options)
 
