@@ -1,0 +1,127 @@
+package contract
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"time"
+)
+
+// Verdict statuses (SPEC §8): what the abstention policy concluded about one answer. The
+// answer itself always stays verbatim in result.answers; a verdict is added beside it.
+type VerdictStatus string
+
+const (
+	VerdictDecided   VerdictStatus = "decided"   // confident enough under the matching rule
+	VerdictAbstained VerdictStatus = "abstained" // below a threshold: sent to review
+	VerdictReviewed  VerdictStatus = "reviewed"  // a person labelled it (review: hold)
+)
+
+// Verdict is the policy's conclusion about one question's answer. Replies and records carry
+// verdicts as an object keyed by question name, in request order (like answers); it is absent
+// when no policy is configured.
+type Verdict struct {
+	// Question is the question's name: the verdict's key in "verdicts" (not a field).
+	Question string        `json:"-"`
+	Status   VerdictStatus `json:"status"`
+	// Rule names the policy rule that matched ("" when none did: decided by default).
+	Rule string `json:"rule"`
+	// Reason says why, with the figures: "confidence 0.31 < 0.50".
+	Reason string `json:"reason"`
+	// Audit marks a decided answer sampled for review anyway (audit_sample).
+	Audit bool `json:"audit,omitempty"`
+	// Calibrated holds the calibrated distribution when a temperature fit applies.
+	Calibrated *Calibrated `json:"calibrated,omitempty"`
+	// Label and Reviewer are set once a person labelled the question (status reviewed):
+	// a choice option key (JSON string), true/false (noul) or a level index (score).
+	Label    json.RawMessage `json:"label,omitempty"`
+	Reviewer string          `json:"reviewer,omitempty"`
+}
+
+// Calibrated is an answer after temperature scaling p'ᵢ ∝ pᵢ^(1/T). Exactly the fields that
+// apply to the answer's type are set: probabilities and confidence (choice, score), noul
+// (noul).
+type Calibrated struct {
+	Probabilities []Probability `json:"-"`
+	Confidence    *float64      `json:"confidence,omitempty"`
+	Noul          *float64      `json:"noul,omitempty"`
+	Temperature   float64       `json:"temperature"`
+}
+
+// Review statuses of a run (the reply's and record's "review" field).
+const ReviewPending = "pending"
+
+// ReviewRef says that a run sent at least one question to human review.
+type ReviewRef struct {
+	Status string `json:"status"` // "pending"
+	Item   string `json:"item"`   // the first review item's id
+}
+
+// Review modes of a policy rule.
+const (
+	ReviewNone   = "none"   // abstain, no review item
+	ReviewNotify = "notify" // abstain, reply at once, and queue a review item
+	ReviewHold   = "hold"   // no reply until a person labels the question
+)
+
+// ReviewItem is one question sent to human review, published to sys1.review.<caller> on the
+// SYS1_REVIEW stream. It carries everything a reviewer needs to decide without the run record.
+type ReviewItem struct {
+	ID       string       `json:"id"` // ReviewItemID(run id, question)
+	RunID    string       `json:"run_id"`
+	Caller   string       `json:"caller"`
+	Provider string       `json:"provider"`
+	Model    string       `json:"model"`
+	Question string       `json:"question"`
+	Type     QuestionType `json:"type"`
+	// Instructions is the question's instructions verbatim (a JSON string, object or array).
+	Instructions json.RawMessage `json:"instructions"`
+	// Options are the choice options (key and description) in order, or the noul sides
+	// ("true"/"false") when the question described them; Levels are the score levels in order.
+	Options []Option `json:"-"`
+	Levels  []string `json:"levels,omitempty"`
+	// The answer: probabilities in order (option keys, level indexes, or true/false),
+	// confidence when sent, noul's P(yes), score's expected index.
+	Probabilities []Probability `json:"-"`
+	Confidence    *float64      `json:"confidence,omitempty"`
+	Noul          *float64      `json:"noul,omitempty"`
+	Score         *float64      `json:"score,omitempty"`
+	Choice        string        `json:"choice,omitempty"`
+	Verdict       Verdict       `json:"verdict"`
+	// Mode is the rule's review mode (notify or hold); Audit marks an audit sample.
+	Mode  string `json:"mode"`
+	Audit bool   `json:"audit,omitempty"`
+	// State is the run's state verbatim, absent when SYS1_REVIEW_STATE=none; images only as
+	// their hashes and sizes.
+	State     json.RawMessage `json:"state,omitempty"`
+	Images    []ImageRef      `json:"images"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// Label sources.
+const (
+	LabelSourceReview   = "review"   // a reviewer on the review page
+	LabelSourceProducer = "producer" // ground truth the producer learned later
+)
+
+// Label is the truth about one question of one run, on stream SYS1_LABELS.
+type Label struct {
+	RunID    string `json:"run_id"`
+	Question string `json:"question"`
+	// Value: a choice option key (JSON string), true/false (noul), a level index (score).
+	Value      json.RawMessage `json:"label"`
+	Reviewer   string          `json:"reviewer"`
+	LabelledAt time.Time       `json:"labelled_at"`
+	Source     string          `json:"source"`
+	// Caller is the run's verified caller, set when the label is accepted.
+	Caller string `json:"caller,omitempty"`
+	// Item is the review item the label answers (source review).
+	Item string `json:"item,omitempty"`
+}
+
+// ReviewItemID is the id of the review item for one question of one run: stable, so a
+// republished item de-duplicates, and safe in subjects, KV keys and URLs.
+func ReviewItemID(runID, question string) string {
+	sum := sha256.Sum256([]byte(runID + "\x00" + question))
+	return "rv-" + hex.EncodeToString(sum[:16])
+}
