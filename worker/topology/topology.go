@@ -21,25 +21,58 @@ import (
 // Subjects of SPEC §2–§4.
 const (
 	DecidePrefix   = "sys1.decide."  // + <caller>[.<more tokens>]
+	BatchPrefix    = "sys1.batch."   // + <caller>.<batch id>
 	RunsPrefix     = "sys1.runs."    // + <status>
 	RepliesPrefix  = "sys1.replies." // durable replies live under this prefix
+	ReviewPrefix   = "sys1.review."  // + <caller>: review items
+	LabelsPrefix   = "sys1.labels."  // + <caller>: labels submitted; + <caller>.accepted|rejected: checked
 	DecideSubjects = "sys1.decide.>"
+	BatchSubjects  = "sys1.batch.>"
 	RunsSubjects   = "sys1.runs.>"
 	ReplySubjects  = "sys1.replies.>"
+	ReviewSubjects = "sys1.review.>"
+	LabelSubjects  = "sys1.labels.>"
+	// LabelsSubmitted are labels as producers and reviewers send them (one token: the caller);
+	// LabelsAccepted and LabelsRejected are the checked ones, written by workers only.
+	LabelsSubmitted = "sys1.labels.*"
+	LabelsAccepted  = "sys1.labels.*.accepted"
+	LabelsRejected  = "sys1.labels.*.rejected"
+)
+
+// The suffix tokens of checked labels.
+const (
+	LabelAcceptedToken = "accepted"
+	LabelRejectedToken = "rejected"
 )
 
 // Config names every JetStream object and its limits. Defaults are SPEC §2's.
 type Config struct {
-	RequestsStream string        `env:"SYS1_REQUESTS_STREAM" envDefault:"SYS1_REQUESTS"`
-	RunsStream     string        `env:"SYS1_RUNS_STREAM" envDefault:"SYS1_RUNS"`
-	RepliesStream  string        `env:"SYS1_REPLIES_STREAM" envDefault:"SYS1_REPLIES"`
-	WorkerConsumer string        `env:"SYS1_WORKER_CONSUMER" envDefault:"sys1-worker"`
-	SinkConsumer   string        `env:"SYS1_SINK_CONSUMER" envDefault:"sys1-sink"`
-	RunsBucket     string        `env:"SYS1_RUNS_BUCKET" envDefault:"sys1-runs"`
+	RequestsStream string `env:"SYS1_REQUESTS_STREAM" envDefault:"SYS1_REQUESTS"`
+	RunsStream     string `env:"SYS1_RUNS_STREAM" envDefault:"SYS1_RUNS"`
+	RepliesStream  string `env:"SYS1_REPLIES_STREAM" envDefault:"SYS1_REPLIES"`
+	ReviewStream   string `env:"SYS1_REVIEW_STREAM" envDefault:"SYS1_REVIEW"`
+	LabelsStream   string `env:"SYS1_LABELS_STREAM" envDefault:"SYS1_LABELS"`
+	WorkerConsumer string `env:"SYS1_WORKER_CONSUMER" envDefault:"sys1-worker"`
+	BatchConsumer  string `env:"SYS1_BATCH_CONSUMER" envDefault:"sys1-worker-batch"`
+	SinkConsumer   string `env:"SYS1_SINK_CONSUMER" envDefault:"sys1-sink"`
+	// LabelsConsumer is the workers' consumer of submitted labels (they check each against its
+	// run); SinkLabelsConsumer drains the checked ones into ClickHouse.
+	LabelsConsumer     string `env:"SYS1_LABELS_CONSUMER" envDefault:"sys1-labels"`
+	SinkLabelsConsumer string `env:"SYS1_SINK_LABELS_CONSUMER" envDefault:"sys1-sink-labels"`
+	RunsBucket         string `env:"SYS1_RUNS_BUCKET" envDefault:"sys1-runs"`
+	// ReviewBucket holds who labelled each review item (the first label wins);
+	// CalibrationBucket the temperature fits; CacheBucket the exact result cache.
+	ReviewBucket      string `env:"SYS1_REVIEW_BUCKET" envDefault:"sys1-review"`
+	CalibrationBucket string `env:"SYS1_CALIBRATION_BUCKET" envDefault:"sys1-calibration"`
+	CacheBucket       string `env:"SYS1_CACHE_BUCKET" envDefault:"sys1-cache"`
+	// LimitsBucket holds the per-caller budget and rate-limit counters.
+	LimitsBucket   string        `env:"SYS1_LIMITS_BUCKET" envDefault:"sys1-limits"`
 	Replicas       int           `env:"SYS1_STREAM_REPLICAS" envDefault:"1"`
 	RequestsMaxAge time.Duration `env:"SYS1_REQUESTS_MAX_AGE" envDefault:"24h"`
 	RunsMaxAge     time.Duration `env:"SYS1_RUNS_MAX_AGE" envDefault:"168h"`
 	RepliesMaxAge  time.Duration `env:"SYS1_REPLIES_MAX_AGE" envDefault:"24h"`
+	ReviewMaxAge   time.Duration `env:"SYS1_REVIEW_MAX_AGE" envDefault:"720h"`
+	LabelsMaxAge   time.Duration `env:"SYS1_LABELS_MAX_AGE" envDefault:"720h"`
 	// RunIDTTL is how long the run-id gate remembers a run (ownership and stored outcome). It
 	// must outlive the request stream's max age so every redelivery finds its run.
 	RunIDTTL time.Duration `env:"SYS1_RUN_ID_TTL" envDefault:"168h"`
@@ -63,6 +96,11 @@ func (c *Config) Validate() []error {
 		{"SYS1_REQUESTS_STREAM", c.RequestsStream}, {"SYS1_RUNS_STREAM", c.RunsStream},
 		{"SYS1_REPLIES_STREAM", c.RepliesStream}, {"SYS1_WORKER_CONSUMER", c.WorkerConsumer},
 		{"SYS1_SINK_CONSUMER", c.SinkConsumer}, {"SYS1_RUNS_BUCKET", c.RunsBucket},
+		{"SYS1_REVIEW_STREAM", c.ReviewStream}, {"SYS1_LABELS_STREAM", c.LabelsStream},
+		{"SYS1_BATCH_CONSUMER", c.BatchConsumer}, {"SYS1_LABELS_CONSUMER", c.LabelsConsumer},
+		{"SYS1_SINK_LABELS_CONSUMER", c.SinkLabelsConsumer}, {"SYS1_REVIEW_BUCKET", c.ReviewBucket},
+		{"SYS1_CALIBRATION_BUCKET", c.CalibrationBucket}, {"SYS1_CACHE_BUCKET", c.CacheBucket},
+		{"SYS1_LIMITS_BUCKET", c.LimitsBucket},
 	} {
 		if !validName(f.v) {
 			errs = append(errs, fmt.Errorf("%s: %q is not a valid JetStream name (letters, digits, - and _ only)", f.name, f.v))
@@ -74,7 +112,7 @@ func (c *Config) Validate() []error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"SYS1_REQUESTS_MAX_AGE", c.RequestsMaxAge}, {"SYS1_RUNS_MAX_AGE", c.RunsMaxAge}, {"SYS1_REPLIES_MAX_AGE", c.RepliesMaxAge}, {"SYS1_RUN_ID_TTL", c.RunIDTTL}, {"SYS1_DEDUPE_WINDOW", c.DedupeWindow}, {"SYS1_ACK_WAIT", c.AckWait}} {
+	}{{"SYS1_REQUESTS_MAX_AGE", c.RequestsMaxAge}, {"SYS1_RUNS_MAX_AGE", c.RunsMaxAge}, {"SYS1_REPLIES_MAX_AGE", c.RepliesMaxAge}, {"SYS1_REVIEW_MAX_AGE", c.ReviewMaxAge}, {"SYS1_LABELS_MAX_AGE", c.LabelsMaxAge}, {"SYS1_RUN_ID_TTL", c.RunIDTTL}, {"SYS1_DEDUPE_WINDOW", c.DedupeWindow}, {"SYS1_ACK_WAIT", c.AckWait}} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be a positive duration, got %s", d.name, d.v))
 		}
@@ -110,9 +148,13 @@ func validName(s string) bool {
 func Default() Config {
 	return Config{
 		RequestsStream: "SYS1_REQUESTS", RunsStream: "SYS1_RUNS", RepliesStream: "SYS1_REPLIES",
-		WorkerConsumer: "sys1-worker", SinkConsumer: "sys1-sink", RunsBucket: "sys1-runs",
+		ReviewStream: "SYS1_REVIEW", LabelsStream: "SYS1_LABELS",
+		WorkerConsumer: "sys1-worker", BatchConsumer: "sys1-worker-batch", SinkConsumer: "sys1-sink",
+		LabelsConsumer: "sys1-labels", SinkLabelsConsumer: "sys1-sink-labels",
+		RunsBucket: "sys1-runs", ReviewBucket: "sys1-review", CalibrationBucket: "sys1-calibration",
+		CacheBucket: "sys1-cache", LimitsBucket: "sys1-limits",
 		Replicas: 1, RequestsMaxAge: 24 * time.Hour, RunsMaxAge: 7 * 24 * time.Hour,
-		RepliesMaxAge: 24 * time.Hour, RunIDTTL: 7 * 24 * time.Hour, DedupeWindow: 2 * time.Minute,
+		RepliesMaxAge: 24 * time.Hour, ReviewMaxAge: 30 * 24 * time.Hour, LabelsMaxAge: 30 * 24 * time.Hour, RunIDTTL: 7 * 24 * time.Hour, DedupeWindow: 2 * time.Minute,
 		AckWait: 30 * time.Second, MaxAckPending: 1024, MaxMsgSize: 8 << 20,
 	}
 }
@@ -121,8 +163,8 @@ func Default() Config {
 func (c Config) RequestsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        c.RequestsStream,
-		Description: "sys1 decision requests (work queue)",
-		Subjects:    []string{DecideSubjects},
+		Description: "sys1 decision requests (work queue): interactive and batch",
+		Subjects:    []string{DecideSubjects, BatchSubjects},
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    c.Replicas,
@@ -163,6 +205,36 @@ func (c Config) RepliesStreamConfig() jetstream.StreamConfig {
 	}
 }
 
+// ReviewStreamConfig is SYS1_REVIEW: questions sent to human review.
+func (c Config) ReviewStreamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        c.ReviewStream,
+		Description: "sys1 review items (abstained and audited answers)",
+		Subjects:    []string{ReviewSubjects},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		MaxAge:      c.ReviewMaxAge,
+		Duplicates:  min(c.DedupeWindow, c.ReviewMaxAge),
+		MaxMsgSize:  c.MaxMsgSize,
+	}
+}
+
+// LabelsStreamConfig is SYS1_LABELS: labels as submitted, and as checked by the workers.
+func (c Config) LabelsStreamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        c.LabelsStream,
+		Description: "sys1 labels (submitted, accepted, rejected)",
+		Subjects:    []string{LabelSubjects},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		MaxAge:      c.LabelsMaxAge,
+		Duplicates:  min(c.DedupeWindow, c.LabelsMaxAge),
+		MaxMsgSize:  1 << 20,
+	}
+}
+
 // WorkerConsumerConfig is the durable pull consumer every worker replica shares.
 //
 // MaxDeliver is unlimited on purpose: the worker itself stops retrying after SYS1_MAX_DELIVER
@@ -171,7 +243,8 @@ func (c Config) RepliesStreamConfig() jetstream.StreamConfig {
 func (c Config) WorkerConsumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       c.WorkerConsumer,
-		Description:   "sys1 worker replicas (shared)",
+		Description:   "sys1 worker replicas (shared): interactive requests",
+		FilterSubject: DecideSubjects,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.AckWait,
 		MaxDeliver:    -1,
@@ -179,6 +252,14 @@ func (c Config) WorkerConsumerConfig() jetstream.ConsumerConfig {
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		Replicas:      c.Replicas,
 	}
+}
+
+// BatchConsumerConfig is the durable pull consumer of batch requests, shared like the
+// interactive one; a replica serves it only with slots no interactive request is waiting for.
+func (c Config) BatchConsumerConfig() jetstream.ConsumerConfig {
+	cc := c.WorkerConsumerConfig()
+	cc.Durable, cc.Description, cc.FilterSubject = c.BatchConsumer, "sys1 worker replicas (shared): batch requests", BatchSubjects
+	return cc
 }
 
 // SinkConsumerConfig is the durable pull consumer the sink drains SYS1_RUNS with.
@@ -205,6 +286,42 @@ func (c Config) RunsBucketConfig() jetstream.KeyValueConfig {
 		TTL:         c.RunIDTTL,
 		Storage:     jetstream.FileStorage,
 		Replicas:    c.Replicas,
+	}
+}
+
+// ReviewBucketConfig holds one entry per labelled review item (who labelled it, with what):
+// creating the entry is how the first label wins. It forgets items when the stream does.
+func (c Config) ReviewBucketConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket: c.ReviewBucket, Description: "sys1 review items labelled (first label wins)",
+		History: 1, TTL: c.ReviewMaxAge, Storage: jetstream.FileStorage, Replicas: c.Replicas,
+	}
+}
+
+// CalibrationBucketConfig holds the temperature fits workers apply; a few revisions are kept
+// so an operator can see what a fit replaced.
+func (c Config) CalibrationBucketConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket: c.CalibrationBucket, Description: "sys1 calibration fits (temperature per model, caller, question)",
+		History: 5, Storage: jetstream.FileStorage, Replicas: c.Replicas,
+	}
+}
+
+// CacheBucketConfig is the exact result cache: each entry carries its own TTL (per-key TTL
+// needs the limit marker, nats-server 2.11+); maxTTL bounds every entry's life.
+func (c Config) CacheBucketConfig(maxTTL time.Duration) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket: c.CacheBucket, Description: "sys1 exact result cache",
+		History: 1, TTL: maxTTL, LimitMarkerTTL: time.Minute, Storage: jetstream.FileStorage, Replicas: c.Replicas,
+	}
+}
+
+// LimitsBucketConfig holds the budget and rate counters, one key per caller, rule and window;
+// day windows are the longest, so two days bound every counter's life.
+func (c Config) LimitsBucketConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket: c.LimitsBucket, Description: "sys1 per-caller budget and rate counters",
+		History: 1, TTL: 48 * time.Hour, LimitMarkerTTL: time.Minute, Storage: jetstream.FileStorage, Replicas: c.Replicas,
 	}
 }
 
@@ -245,7 +362,7 @@ func newOptions(opts []Option) options {
 // each component ensures its own (EnsureWorkerConsumer, EnsureSinkConsumer).
 func Ensure(ctx context.Context, js jetstream.JetStream, c Config, opts ...Option) (jetstream.KeyValue, error) {
 	o := newOptions(opts)
-	for _, sc := range []jetstream.StreamConfig{c.RequestsStreamConfig(), c.RunsStreamConfig(), c.RepliesStreamConfig()} {
+	for _, sc := range []jetstream.StreamConfig{c.RequestsStreamConfig(), c.RunsStreamConfig(), c.RepliesStreamConfig(), c.ReviewStreamConfig(), c.LabelsStreamConfig()} {
 		if err := ensureStream(ctx, js, sc, o); err != nil {
 			return nil, err
 		}
@@ -332,6 +449,15 @@ func EnsureWorkerConsumer(ctx context.Context, js jetstream.JetStream, c Config)
 	cons, err := js.CreateOrUpdateConsumer(ctx, c.RequestsStream, c.WorkerConsumerConfig())
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.WorkerConsumer, c.RequestsStream, err)
+	}
+	return cons, nil
+}
+
+// EnsureBatchConsumer creates or updates the shared batch consumer.
+func EnsureBatchConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.RequestsStream, c.BatchConsumerConfig())
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.BatchConsumer, c.RequestsStream, err)
 	}
 	return cons, nil
 }

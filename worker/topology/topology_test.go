@@ -3,6 +3,7 @@ package topology_test
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -33,13 +34,15 @@ func TestEnsureIsIdempotentAndMatchesSpec(t *testing.T) {
 		}
 	}
 	want := map[string]struct {
-		subject   string
+		subjects  []string
 		retention jetstream.RetentionPolicy
 		maxAge    time.Duration
 	}{
-		"SYS1_REQUESTS": {"sys1.decide.>", jetstream.WorkQueuePolicy, 24 * time.Hour},
-		"SYS1_RUNS":     {"sys1.runs.>", jetstream.LimitsPolicy, 7 * 24 * time.Hour},
-		"SYS1_REPLIES":  {"sys1.replies.>", jetstream.LimitsPolicy, 24 * time.Hour},
+		"SYS1_REQUESTS": {[]string{"sys1.decide.>", "sys1.batch.>"}, jetstream.WorkQueuePolicy, 24 * time.Hour},
+		"SYS1_RUNS":     {[]string{"sys1.runs.>"}, jetstream.LimitsPolicy, 7 * 24 * time.Hour},
+		"SYS1_REPLIES":  {[]string{"sys1.replies.>"}, jetstream.LimitsPolicy, 24 * time.Hour},
+		"SYS1_REVIEW":   {[]string{"sys1.review.>"}, jetstream.LimitsPolicy, 30 * 24 * time.Hour},
+		"SYS1_LABELS":   {[]string{"sys1.labels.>"}, jetstream.LimitsPolicy, 30 * 24 * time.Hour},
 	}
 	for name, w := range want {
 		s, err := js.Stream(ctx, name)
@@ -47,7 +50,7 @@ func TestEnsureIsIdempotentAndMatchesSpec(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 		c := s.CachedInfo().Config
-		if len(c.Subjects) != 1 || c.Subjects[0] != w.subject || c.Retention != w.retention || c.MaxAge != w.maxAge || c.Storage != jetstream.FileStorage {
+		if !slices.Equal(c.Subjects, w.subjects) || c.Retention != w.retention || c.MaxAge != w.maxAge || c.Storage != jetstream.FileStorage {
 			t.Errorf("%s: %+v", name, c)
 		}
 	}
