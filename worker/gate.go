@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -36,6 +37,9 @@ type runState struct {
 	Reply   json.RawMessage `json:"reply,omitempty"`
 	Record  json.RawMessage `json:"record,omitempty"`
 	Subject string          `json:"record_subject,omitempty"`
+
+	// key is the gate entry's key (GateKey, or a legacy key), set by claim; not stored.
+	key string
 }
 
 type claimResult int
@@ -53,14 +57,49 @@ type gate struct {
 	kv jetstream.KeyValue
 }
 
-// gateKey maps a run id to a KV key. Run ids may hold ':' (not a valid key character) and
-// derived ids hold '~', so every id is hex-encoded: injective and always valid.
-func gateKey(runID string) string { return "r" + hex.EncodeToString([]byte(runID)) }
+// GateKey maps a run id to its KV key in the run-id gate. Run ids may hold ':' (not a valid
+// key character) and derived ids hold '~', so ids are hex-encoded: injective and always valid.
+// An id with a ':' is a group and an item ("<batch id>:<item id>"): its key puts a '.' between
+// the two, so GateGroupFilter can list one group's runs (a batch's) without reading the whole
+// bucket. Hex has no '.', so keys of ids without ':' never contain one, and the first ':' is
+// where the '.' goes: the mapping stays injective. An empty item is "-" (not hex), because a
+// KV key may not end in '.'.
+func GateKey(runID string) string {
+	group, item, grouped := strings.Cut(runID, ":")
+	if !grouped {
+		return "r" + hex.EncodeToString([]byte(runID))
+	}
+	if item == "" {
+		return "r" + hex.EncodeToString([]byte(group)) + ".-"
+	}
+	return "r" + hex.EncodeToString([]byte(group)) + "." + hex.EncodeToString([]byte(item))
+}
+
+// GateGroupFilter is the KV key filter (for ListKeysFiltered or WatchFiltered) matching every
+// run id "<group>:<item>" of one group, e.g. a batch's items.
+func GateGroupFilter(group string) string {
+	return "r" + hex.EncodeToString([]byte(group)) + ".*"
+}
+
+// legacyGateKey is the key versions before grouped keys gave every run id, ':' or not. A run
+// id with a ':' that arrived before an upgrade may still be in its legacy entry (see claim).
+func legacyGateKey(runID string) string { return "r" + hex.EncodeToString([]byte(runID)) }
 
 // claim records ownership of runID for caller, or reports why it cannot.
 func (g gate) claim(ctx context.Context, runID, caller string, seq uint64, now time.Time) (claimResult, *runState, uint64, error) {
-	key := gateKey(runID)
-	fresh := runState{Caller: caller, Status: runRunning, StreamSeq: seq, StartedAt: now}
+	key := GateKey(runID)
+	if strings.Contains(runID, ":") {
+		// An entry written before grouped keys (see legacyGateKey) still governs its run until
+		// it expires (SYS1_RUN_ID_TTL); one lookup keeps a run in flight across an upgrade from
+		// being scored twice.
+		switch _, err := g.kv.Get(ctx, legacyGateKey(runID)); {
+		case err == nil:
+			key = legacyGateKey(runID)
+		case !errors.Is(err, jetstream.ErrKeyNotFound):
+			return 0, nil, 0, fmt.Errorf("run-id gate: get legacy entry: %w", err)
+		}
+	}
+	fresh := runState{Caller: caller, Status: runRunning, StreamSeq: seq, StartedAt: now, key: key}
 	val, err := fresh.encode()
 	if err != nil {
 		return 0, nil, 0, fmt.Errorf("encode run state: %w", err)
@@ -84,6 +123,7 @@ func (g gate) claim(ctx context.Context, runID, caller string, seq uint64, now t
 		if err := json.Unmarshal(entry.Value(), &st); err != nil {
 			return 0, nil, 0, fmt.Errorf("run-id gate: decode entry: %w", err)
 		}
+		st.key = key
 		switch {
 		case st.Caller != caller:
 			return claimConflict, &st, entry.Revision(), nil
@@ -104,7 +144,11 @@ func (g gate) save(ctx context.Context, runID string, st *runState, rev uint64) 
 	if err != nil {
 		return 0, fmt.Errorf("encode run state: %w", err)
 	}
-	newRev, err := g.kv.Update(ctx, gateKey(runID), val, rev)
+	key := st.key
+	if key == "" {
+		key = GateKey(runID)
+	}
+	newRev, err := g.kv.Update(ctx, key, val, rev)
 	if err != nil {
 		return 0, fmt.Errorf("run-id gate: update: %w", err)
 	}
