@@ -74,17 +74,5 @@ func (c *Config) withDefaults() Config {
 	return out
 }
 
-// retryDelay is the NakWithDelay for the next delivery after `deliveries` tries.
-func (c *Config) retryDelay(deliveries int, hint time.Duration) time.Duration {
-	d := c.RetryBase
-	for i := 1; i < deliveries && d < c.RetryMax; i++ {
-		d *= 2
-	}
-	if d > c.RetryMax {
-		d = c.RetryMax
-	}
-	if hint > d {
-		d = min(hint, c.RetryMax)
-	}
-	return d
-}
+// retry is the redelivery policy of transient failures.
+func (c *Config) retry() RetryPolicy { return RetryPolicy{Base: c.RetryBase, Max: c.RetryMax} }

@@ -43,8 +43,8 @@ func TestRetryDelayGrowsIsCappedAndHonoursHints(t *testing.T) {
 		{3, 2 * time.Second, 4 * time.Second}, // a shorter one does not
 		{1, time.Hour, 10 * time.Second},      // but never past the cap
 	} {
-		if got := c.retryDelay(tt.deliveries, tt.hint); got != tt.want {
-			t.Errorf("retryDelay(%d, %s) = %s, want %s", tt.deliveries, tt.hint, got, tt.want)
+		if got := c.retry().Delay(tt.deliveries, tt.hint); got != tt.want {
+			t.Errorf("Delay(%d, %s) = %s, want %s", tt.deliveries, tt.hint, got, tt.want)
 		}
 	}
 }

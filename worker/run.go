@@ -1,0 +1,179 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/auth"
+)
+
+// A run is one delivery of one request message. It goes through the stages below in order;
+// each is a small method in its own file that reads what the stages before it found and adds
+// its own part. A stage returns nil to let the run go on, or the error that ends it; how the
+// delivery then ends is decided by settle alone (settle.go), and a run that is answered is
+// published by publish (stage_publish.go). Later capabilities are new stages, not branches
+// inside these — the shape of River's job executor and of Watermill's router middleware.
+var stages = []struct {
+	name string
+	run  func(r *run, ctx context.Context) error
+}{
+	{"admit", (*run).admit},     // who sent it, and where may it be answered
+	{"gate", (*run).gate},       // claim the run id (or find the run already finished)
+	{"prepare", (*run).prepare}, // deadline, decode, resolve, size
+	{"call", (*run).call},       // the provider
+}
+
+// run is one delivery's state, filled in stage by stage.
+type run struct {
+	w     *Worker
+	msg   jetstream.Msg
+	meta  *jetstream.MsgMetadata
+	log   zerolog.Logger
+	start time.Time
+
+	// admit
+	runID    string // the id replies carry (the caller's, or derived)
+	derived  string // the id derived from the stream sequence
+	recordID string // the id the record is stored under (derived when the caller may not own runID)
+	replyTo  string
+	identity auth.Identity
+
+	// gate
+	state    *runState // the gate entry, once claimed
+	rev      uint64
+	finished *runState // the run had already finished: it is answered from this stored outcome
+
+	// prepare
+	deadline  time.Time
+	requested string            // the model the caller asked for
+	resolved  *contract.Request // the request as sent to the provider
+
+	// call
+	attempts    []contract.Attempt // across deliveries: the stored ones, then this delivery's
+	newAttempts bool               // this delivery added attempts (saved when it is nak'ed)
+	resp        *contract.Response
+}
+
+// handle processes one delivery. It never panics: a panic becomes SYS1_INTERNAL.
+func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
+	r := &run{w: w, msg: msg, start: time.Now(), log: w.log}
+	defer func() {
+		if p := recover(); p != nil {
+			// The stack goes to the log (it has no request content); the reply says only that
+			// the worker failed.
+			r.log.Error().Str("panic", fmt.Sprint(p)).Str("stack", string(debug.Stack())).Msg("run panicked")
+			r.failAfterPanic(ctx)
+		}
+	}()
+	r.end(ctx, r.execute(ctx))
+}
+
+// execute runs the stages until one ends the run or the run is known to have finished before.
+func (r *run) execute(ctx context.Context) error {
+	for _, s := range stages {
+		if err := s.run(r, ctx); err != nil {
+			return err
+		}
+		if r.finished != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// end settles the delivery: a run that is answered is published first (its outcome stored,
+// its record and reply sent); if that fails, settle decides again on the failure.
+func (r *run) end(ctx context.Context, err error) {
+	s := r.settle(err)
+	if s.Answers() {
+		if perr := r.publish(ctx, err); perr != nil {
+			err, s = perr, r.settle(perr)
+		}
+	}
+	r.apply(ctx, s, err)
+}
+
+// settle asks settle (settle.go) about this delivery.
+func (r *run) settle(err error) Settlement {
+	in := SettleInput{Err: err, MaxDeliver: r.w.cfg.MaxDeliver, Deadline: r.deadline, Retry: r.w.cfg.retry(), Now: time.Now()}
+	if r.meta != nil {
+		in.Deliveries = int(r.meta.NumDelivered)
+	}
+	return settle(in)
+}
+
+// apply ends the delivery as s says.
+func (r *run) apply(ctx context.Context, s Settlement, err error) {
+	switch s.Disposition {
+	case Ack:
+		_ = r.msg.Ack()
+	case Term:
+		_ = r.msg.Term()
+	case Nak:
+		r.logNak(s, err)
+		// A stream or the gate's bucket may be gone: the pull loop recreates them.
+		r.w.requestRepair(err)
+		if r.newAttempts {
+			// The next delivery, on any replica, continues the same record.
+			if serr := r.saveAttempts(context.WithoutCancel(ctx)); serr != nil {
+				r.log.Warn().Err(serr).Msg("could not store the attempt; it will be missing from the record")
+			}
+		}
+		if s.Delay <= 0 {
+			_ = r.msg.Nak()
+			return
+		}
+		_ = r.msg.NakWithDelay(s.Delay)
+	}
+}
+
+func (r *run) logNak(s Settlement, err error) {
+	if err == ErrShutdown {
+		r.log.Warn().Msg("run cancelled by shutdown; nak'ed for redelivery")
+		return
+	}
+	if cerr, ok := contract.AsError(err); ok {
+		r.w.stats.retried.Add(1)
+		r.log.Info().Str("error_code", string(cerr.Code)).Dur("retry_in", s.Delay).Msg("transient provider error; redelivering")
+		return
+	}
+	if w, ok := err.(*waitError); ok {
+		if w.err != nil {
+			r.log.Warn().Err(w.err).Uint64("owner_seq", w.ownerSeq).Dur("retry_in", s.Delay).Msg(w.why)
+			return
+		}
+		r.log.Info().Uint64("owner_seq", w.ownerSeq).Dur("retry_in", s.Delay).Msg(w.why)
+		return
+	}
+	r.log.Warn().Err(err).Dur("retry_in", s.Delay).Msg("could not finish the run; redelivering")
+}
+
+// waitError is a delivery that must wait for another message with the same run id: not a
+// failure, and never answered; settle naks it.
+type waitError struct {
+	ownerSeq uint64
+	why      string
+	err      error // what went wrong finding out, if anything
+}
+
+func (e *waitError) Error() string { return e.why }
+
+// failAfterPanic answers SYS1_INTERNAL after a recovered panic. If that panics too, the
+// delivery is nak'ed rather than taking the replica down.
+func (r *run) failAfterPanic(ctx context.Context) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error().Str("panic", fmt.Sprint(p)).Msg("concluding a panicked run panicked; nak'ed")
+			perr := fmt.Errorf("concluding a panicked run panicked: %v", p)
+			r.apply(ctx, r.settle(perr), perr)
+		}
+	}()
+	r.finished = nil
+	r.end(ctx, contract.Errorf(contract.CodeInternal, "internal error in the worker; the run was not completed"))
+}

@@ -1,0 +1,68 @@
+package worker
+
+import (
+	"context"
+	"errors"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/auth"
+)
+
+// errNotJetStream is a message without JetStream metadata: nothing to reply to, nothing to
+// record under. settle terminates it (a permanent error), and publish skips it.
+var errNotJetStream = contract.Errorf(contract.CodeInvalidInput, "message without JetStream metadata")
+
+// admit establishes who sent the request and where it may be answered. Identity comes first:
+// nothing else about a request matters until we know who sent it.
+func (r *run) admit(ctx context.Context) error {
+	w := r.w
+	meta, err := r.msg.Metadata()
+	if err != nil {
+		r.log.Error().Err(err).Msg("message without JetStream metadata; terminating it")
+		return errNotJetStream
+	}
+	r.meta = meta
+	hdr := r.msg.Headers()
+	r.derived = derivedRunID(w.opt.Topology.RequestsStream, meta.Sequence.Stream, *w.requestsEpoch.Load())
+	r.runID, r.recordID = r.derived, r.derived
+	if id := hdr.Get(HeaderRunID); id != "" && ValidRunID(id) {
+		r.runID, r.recordID = id, id
+	}
+	r.log = w.log.With().Str("run_id", r.runID).Uint64("stream_seq", meta.Sequence.Stream).Uint64("delivery", meta.NumDelivered).Logger()
+
+	// The authenticator logs through the context's logger (a JWKS refresh a token caused), so
+	// its lines carry this run's run_id.
+	identity, aerr := w.opt.Auth.Authenticate(r.log.WithContext(ctx), r.msg.Subject(), hdr)
+	if aerr != nil && (aerr.Code != contract.CodeForbidden || identity.Kind != contract.CallerKindJWT || identity.Caller == "") {
+		// Only a verified jwt caller refused for its roles and scopes keeps its identity (the
+		// record says who was refused); any other refusal has no verified caller.
+		identity = auth.Identity{}
+	}
+	if identity.Subject == "" {
+		// A refused caller comes back without an identity; its subject still bounds where it
+		// may be answered (CheckReplyTo).
+		identity.Subject = r.msg.Subject()
+	}
+	r.identity = identity
+	r.replyTo = hdr.Get(HeaderReplyTo)
+	if cerr := auth.CheckReplyTo(identity, r.replyTo); cerr != nil {
+		r.replyTo = "" // never answer on a subject we refused
+		r.recordID = r.derived
+		return cerr
+	}
+	if aerr != nil {
+		// The caller is unverified or not allowed, so it cannot own the run id it sent: record
+		// under the derived id so a forged or refused request can never overwrite a real run's
+		// record.
+		r.recordID = r.derived
+		return aerr
+	}
+	r.log = r.log.With().Str("caller", identity.Caller).Logger()
+	if id := hdr.Get(HeaderRunID); id != "" && !ValidRunID(id) {
+		return contract.Errorf(contract.CodeInvalidInput, "%s: must be 1–128 of A-Za-z0-9._:- (got %d bytes); the run was recorded as %s", HeaderRunID, len(id), r.derived)
+	}
+	return nil
+}
+
+// isNotJetStream reports whether err is admit's refusal of a message without metadata.
+func isNotJetStream(err error) bool { return errors.Is(err, errNotJetStream) }

@@ -1,0 +1,53 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sys1hq/sys1/contract"
+)
+
+// prepare reads the deadline, decodes and validates the request and resolves it against the
+// model policy, and stops a run that earlier deliveries could not finish.
+func (r *run) prepare(context.Context) error {
+	w := r.w
+	hdr := r.msg.Headers()
+	deadline, err := parseDeadline(hdr.Get(HeaderDeadline))
+	if err != nil {
+		return contract.Errorf(contract.CodeInvalidInput, "%v", err)
+	}
+	r.deadline = deadline
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		return expiredBeforeCall(deadline)
+	}
+	req, cerr := contract.DecodeRequest(r.msg.Data())
+	if cerr != nil {
+		return cerr
+	}
+	r.requested = req.Model
+	resolved, cerr := w.opt.Policy.Resolve(req)
+	if cerr != nil {
+		return cerr
+	}
+	r.resolved = resolved
+	if int(r.meta.NumDelivered) > w.cfg.MaxDeliver {
+		// Earlier deliveries died without finishing (crashed replicas); stop here.
+		return r.lastError(fmt.Sprintf("no delivery finished the run in %d deliveries", r.meta.NumDelivered))
+	}
+	return nil
+}
+
+func expiredBeforeCall(deadline time.Time) *contract.Error {
+	return contract.Errorf(contract.CodeExpired, "deadline %s passed before the provider was called", deadline.UTC().Format(time.RFC3339Nano))
+}
+
+// lastError is the error of the last attempt, or SYS1_INTERNAL with why when there is none.
+func (r *run) lastError(why string) *contract.Error {
+	for i := len(r.attempts) - 1; i >= 0; i-- {
+		if c := r.attempts[i].ErrorCode; c != "" {
+			return contract.Errorf(c, "%s (last error: %s)", why, r.attempts[i].Detail)
+		}
+	}
+	return contract.Errorf(contract.CodeInternal, "%s", why)
+}
