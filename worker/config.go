@@ -26,6 +26,9 @@ type Config struct {
 	RetryMax  time.Duration `env:"SYS1_RETRY_MAX" envDefault:"60s"`
 	// ID names this replica in run records; default host-pid.
 	ID string `env:"SYS1_WORKER_ID"`
+	// AllowAnyInbox lets verified callers be answered on any _INBOX.… subject instead of only
+	// their own _INBOX.<caller>.… (see auth.ReplyPolicy).
+	AllowAnyInbox bool `env:"SYS1_ALLOW_ANY_INBOX" envDefault:"false"`
 }
 
 // Validate reports every bad variable.

@@ -324,3 +324,33 @@ func example(t *testing.T, name string) []byte {
 	}
 	return b
 }
+
+// publishRefused publishes a request whose caller the worker cannot verify, with a reply
+// inbox in the caller's own namespace, and returns a check that no reply reached it: workers
+// answer nobody they could not verify. Call the check once the run's record exists (the
+// record is published before any reply would be).
+func (h *harness) publishRefused(caller string, body []byte, mod ...func(*client.Request)) (check func()) {
+	h.t.Helper()
+	inbox := "_INBOX." + caller + "." + nats.NewInbox()[len("_INBOX."):]
+	sub, err := h.nc.SubscribeSync(inbox)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	req := client.Request{Caller: caller, Body: body, ReplyTo: inbox}
+	for _, m := range mod {
+		m(&req)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := h.cl.Publish(ctx, req); err != nil {
+		h.t.Fatal(err)
+	}
+	return func() {
+		h.t.Helper()
+		// Absence can only be waited for: give a reply that was sent ample time to arrive.
+		if m, err := sub.NextMsg(300 * time.Millisecond); err == nil {
+			h.t.Errorf("an unverified request was answered: %s", m.Data)
+		}
+		_ = sub.Unsubscribe()
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Header names of SPEC §3–§4.
@@ -49,14 +50,34 @@ func streamEpoch(created time.Time) string {
 	return strconv.FormatInt(created.UnixNano(), 36)
 }
 
-// parseDeadline parses Sys1-Deadline (RFC 3339); empty means none.
-func parseDeadline(v string) (time.Time, error) {
+// parseDeadline parses Sys1-Deadline (RFC 3339). set is false when the header is absent;
+// any time that parses is a deadline, the zero time (0001-01-01T00:00:00Z) included — it is
+// long past, not "none".
+func parseDeadline(v string) (t time.Time, set bool, err error) {
 	if v == "" {
-		return time.Time{}, nil
+		return time.Time{}, false, nil
 	}
-	t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(v))
+	t, err = time.Parse(time.RFC3339Nano, strings.TrimSpace(v))
 	if err != nil {
-		return time.Time{}, fmt.Errorf("%s: %q is not an RFC 3339 time", HeaderDeadline, v)
+		return time.Time{}, false, fmt.Errorf("%s: %q is not an RFC 3339 time", HeaderDeadline, echo(v))
 	}
-	return t, nil
+	return t, true, nil
+}
+
+// maxEcho bounds a header value quoted back in an error message: replies, records and the
+// gate repeat the message, so an unbounded value would be stored several times over.
+const maxEcho = 64
+
+// echo is a header value fit to quote in an error message: at most maxEcho bytes, cut on a
+// rune boundary and marked with "…", invalid UTF-8 replaced.
+func echo(v string) string {
+	v = strings.ToValidUTF8(v, "\uFFFD")
+	if len(v) <= maxEcho {
+		return v
+	}
+	i := maxEcho - len("…")
+	for i > 0 && !utf8.RuneStart(v[i]) {
+		i--
+	}
+	return v[:i] + "…"
 }

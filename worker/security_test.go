@@ -99,11 +99,21 @@ func TestSecretsAndContentNeverLeak(t *testing.T) {
 	}
 	var replies [][]byte
 	var runIDs []string
+	var noReply []func()
 	for _, r := range runs {
 		if r.flaky {
 			h.fake.Fail(1, ollamatest.Status(503))
 		}
 		runIDs = append(runIDs, "sec-"+strings.ReplaceAll(r.name, " ", "-"))
+		if r.code == contract.CodeUnauthenticated {
+			// Nobody verified sent it: recorded, never answered.
+			noReply = append(noReply, h.publishRefused("svc-a", r.body, func(req *client.Request) {
+				req.Token = r.token
+				req.RunID = "sec-" + strings.ReplaceAll(r.name, " ", "-")
+			}))
+			replies = append(replies, nil)
+			continue
+		}
 		rep := h.decide("svc-a", r.body, func(req *client.Request) {
 			req.Token = r.token
 			req.RunID = "sec-" + strings.ReplaceAll(r.name, " ", "-")
@@ -118,6 +128,9 @@ func TestSecretsAndContentNeverLeak(t *testing.T) {
 		t.Errorf("provider calls = %d, want 4", got)
 	}
 	waitFor(t, "records", 10*time.Second, func() bool { return len(h.records()) == len(runs) })
+	for _, check := range noReply {
+		check()
+	}
 	for _, rec := range h.records() {
 		if rec.Status == contract.StatusFailed && (rec.ErrorCode == contract.CodeForbidden || rec.ErrorCode == contract.CodeUnauthenticated) {
 			if rec.Request != nil || rec.Result != nil {
@@ -207,9 +220,10 @@ func TestRefusedCallerCannotPlantRepliesInAnotherNamespace(t *testing.T) {
 	if m, err := s.GetLastMsgForSubject(ctx, "sys1.replies.victim.inbox"); err == nil {
 		t.Errorf("a refused request planted a reply in another caller's namespace: run %s %s", m.Header.Get(worker.HeaderRunID), m.Data)
 	}
-	m, err := s.GetLastMsgForSubject(ctx, "sys1.replies.attacker.inbox")
-	if err != nil || m.Header.Get(worker.HeaderErrorCode) != string(contract.CodeUnauthenticated) {
-		t.Errorf("the refusal in the request's own namespace: %v %v", err, m)
+	// The verified but forbidden caller is answered in its own namespace only; the
+	// unauthenticated one, whom nobody verified, is not answered anywhere.
+	if m, err := s.GetLastMsgForSubject(ctx, "sys1.replies.attacker.inbox"); err == nil {
+		t.Errorf("an unauthenticated request was answered: run %s %s", m.Header.Get(worker.HeaderRunID), m.Data)
 	}
 	for _, rec := range h.records() {
 		if rec.Status != contract.StatusFailed || strings.HasPrefix(rec.RunID, "victim") {
@@ -229,6 +243,11 @@ func TestRefusedRunsRecordsMatchTheSchema(t *testing.T) {
 	admin := mint(t, "alice", map[string]any{"roles": []string{"administrator"}}, time.Now().Add(time.Hour))
 	viewer := mint(t, "mallory", map[string]any{"roles": []string{"viewer"}, "scope": "openid sys1:read"}, time.Now().Add(time.Hour))
 	for _, tok := range []string{admin, viewer, "", "not.a.jwt"} {
+		if tok == "" || tok == "not.a.jwt" {
+			// Unverified: recorded (checked below), never answered.
+			defer h.publishRefused("svc-a", body, func(r *client.Request) { r.Token = tok })()
+			continue
+		}
 		rep := h.decide("svc-a", body, func(r *client.Request) { r.Token = tok })
 		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(rep.Raw))
 		if err != nil {
@@ -434,4 +453,60 @@ func (h *harness) hsJWTAuth(scopes ...string) auth.Authenticator {
 		h.t.Fatal(err)
 	}
 	return a
+}
+
+// TestInboxRepliesAreBoundToTheCaller: in mode subject, a producer cannot make the worker
+// answer, with a run id of its choosing, into another producer's inbox — only into its own
+// _INBOX.<caller>.… — unless SYS1_ALLOW_ANY_INBOX says plain inboxes are fine.
+func TestInboxRepliesAreBoundToTheCaller(t *testing.T) {
+	for _, anyInbox := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allow any inbox %v", anyInbox), func(t *testing.T) {
+			h := newHarness(t)
+			subjectAuth, err := auth.New(context.Background(), auth.Config{Mode: auth.ModeSubject}, h.logger())
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.start(func(o *replicaOpts) { o.auth = subjectAuth; o.cfg.AllowAnyInbox = anyInbox })
+			victim, err := h.nc.SubscribeSync("_INBOX.svc-b.>")
+			if err != nil {
+				t.Fatal(err)
+			}
+			plain, err := h.nc.SubscribeSync("_INBOX.plain.>")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			for _, replyTo := range []string{"_INBOX.svc-b.abc", "_INBOX.plain"} {
+				if _, err := h.cl.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(ticket), ReplyTo: replyTo + ".x"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Its own inbox is answered either way.
+			if rep := h.decide("svc-a", []byte(ticket)); rep.Status != contract.StatusSuccess {
+				t.Fatalf("own inbox: %s", rep.Raw)
+			}
+			waitFor(t, "three records", 10*time.Second, func() bool { return len(h.records()) == 3 })
+			m, err := victim.NextMsg(300 * time.Millisecond)
+			switch {
+			case !anyInbox && err == nil:
+				t.Errorf("a reply was planted in another producer's inbox: %s", m.Data)
+			case anyInbox && err != nil:
+				t.Errorf("SYS1_ALLOW_ANY_INBOX: the plain inbox was not answered: %v", err)
+			}
+			if _, err := plain.NextMsg(300 * time.Millisecond); (err == nil) != anyInbox {
+				t.Errorf("plain inbox answered = %v, want %v", err == nil, anyInbox)
+			}
+			if !anyInbox {
+				var forbidden int
+				for _, rec := range h.records() {
+					if rec.ErrorCode == contract.CodeForbidden && rec.ReplyTo == "" {
+						forbidden++
+					}
+				}
+				if forbidden != 2 {
+					t.Errorf("%d refused reply subjects recorded as SYS1_FORBIDDEN without a reply subject, want 2", forbidden)
+				}
+			}
+		})
+	}
 }

@@ -45,7 +45,13 @@ func (r *run) admit(ctx context.Context) error {
 	}
 	r.identity = identity
 	r.replyTo = hdr.Get(HeaderReplyTo)
-	if cerr := auth.CheckReplyTo(identity, r.replyTo); cerr != nil {
+	if aerr != nil && identity.Kind == "" {
+		// Nobody verified sent this: answering it would let anyone make the worker publish a
+		// reply, with a run id of their choosing, to a subject of their choosing. The refusal
+		// is recorded (under the derived id), never sent.
+		r.replyTo = ""
+	}
+	if cerr := auth.CheckReplyTo(identity, r.replyTo, auth.ReplyPolicy{AnyInbox: w.cfg.AllowAnyInbox}); cerr != nil {
 		r.replyTo = "" // never answer on a subject we refused
 		r.recordID = r.derived
 		return cerr

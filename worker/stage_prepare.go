@@ -13,14 +13,14 @@ import (
 func (r *run) prepare(context.Context) error {
 	w := r.w
 	hdr := r.msg.Headers()
-	deadline, err := parseDeadline(hdr.Get(HeaderDeadline))
+	deadline, set, err := parseDeadline(hdr.Get(HeaderDeadline))
 	if err != nil {
 		return contract.Errorf(contract.CodeInvalidInput, "%v", err)
 	}
-	r.deadline = deadline
-	if !deadline.IsZero() && !time.Now().Before(deadline) {
+	if set && !time.Now().Before(deadline) {
 		return expiredBeforeCall(deadline)
 	}
+	r.deadline = deadline
 	req, cerr := contract.DecodeRequest(r.msg.Data())
 	if cerr != nil {
 		return cerr

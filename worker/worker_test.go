@@ -709,10 +709,67 @@ func TestInvalidHeaders(t *testing.T) {
 	if rep.Error == nil || rep.Error.Code != contract.CodeInvalidInput || !strings.Contains(rep.Error.Message, "Sys1-Deadline") {
 		t.Errorf("invalid deadline: %s", rep.Raw)
 	}
+	// The zero time is a deadline long past, not "no deadline": the model is not called.
+	calls := h.fake.Calls()
+	rep = send(map[string]string{"Sys1-Deadline": "0001-01-01T00:00:00Z"})
+	if rep.Error == nil || rep.Error.Code != contract.CodeExpired || h.fake.Calls() != calls {
+		t.Errorf("zero-time deadline: %s (provider calls %d → %d)", rep.Raw, calls, h.fake.Calls())
+	}
+	// A huge header value is quoted back clipped, not whole (the reply, the record and the gate
+	// all repeat the message).
+	huge := strings.Repeat("\x01", 20000) + strings.Repeat("9", 40000)
+	rep = send(map[string]string{"Sys1-Deadline": huge})
+	if rep.Error == nil || rep.Error.Code != contract.CodeInvalidInput || len(rep.Raw) > 2048 {
+		t.Errorf("a 60 KB deadline header: %d-byte reply: %.300s", len(rep.Raw), rep.Raw)
+	}
 	// No run id: derived from the stream sequence, and stable.
 	rep = send(nil)
 	if rep.Status != contract.StatusSuccess || !strings.HasPrefix(rep.RunID, "SYS1_REQUESTS~") {
 		t.Errorf("derived run id: %s", rep.Raw)
+	}
+	for _, rec := range h.records() {
+		if len(rec.ErrorMessage) > 512 {
+			t.Errorf("record %s keeps a %d-byte error message", rec.RunID, len(rec.ErrorMessage))
+		}
+	}
+}
+
+// TestMalformedReplySubjectsAreRefused: a reply subject with control bytes or invalid UTF-8 is
+// never delivered to (the record would name a different subject than the one used); the run
+// is recorded with the refusal.
+func TestMalformedReplySubjectsAreRefused(t *testing.T) {
+	h := newHarness(t)
+	h.start()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Only a wildcard can match the malformed subjects; it also sees the worker's own pull
+	// traffic, which is told apart by the subjects' prefix below.
+	all, err := h.nc.SubscribeSync("_INBOX.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, replyTo := range []string{"_INBOX.a\x00b", "_INBOX.a\x1b[2Jb", "_INBOX.a\xffb", "_INBOX.a\u2028b"} {
+		m := nats.NewMsg("sys1.decide.svc-a")
+		m.Data = []byte(ticket)
+		m.Header.Set("Sys1-Reply-To", replyTo)
+		if _, err := h.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "four records", 10*time.Second, func() bool { return len(h.records()) == 4 })
+	for _, rec := range h.records() {
+		if rec.ErrorCode != contract.CodeInvalidInput || rec.ReplyTo != "" || !strings.Contains(rec.ErrorMessage, "Sys1-Reply-To") {
+			t.Errorf("record %s: %s %q reply_to %q", rec.RunID, rec.ErrorCode, rec.ErrorMessage, rec.ReplyTo)
+		}
+	}
+	if h.fake.Calls() != 0 {
+		t.Errorf("provider called %d times", h.fake.Calls())
+	}
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+		m, err := all.NextMsg(100 * time.Millisecond)
+		if err == nil && strings.HasPrefix(m.Subject, "_INBOX.a") {
+			t.Errorf("a reply was delivered to %q", m.Subject)
+		}
 	}
 }
 

@@ -15,7 +15,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+		"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
@@ -98,15 +100,22 @@ func (subjectAuth) Authenticate(_ context.Context, subject string, _ nats.Header
 	return Identity{Caller: caller, Kind: contract.CallerKindSubject, Subject: subject}, nil
 }
 
-// CallerFromSubject returns the caller token of sys1.decide.<caller>[.<more>].
+// CallerFromSubject returns the caller token of the subjects producers publish on:
+// sys1.decide.<caller>[.<more>], sys1.batch.<caller>.<batch id> and sys1.labels.<caller>.
 func CallerFromSubject(subject string) (string, error) {
-	rest, ok := strings.CutPrefix(subject, topology.DecidePrefix)
+	var rest string
+	var ok bool
+	for _, prefix := range []string{topology.DecidePrefix, topology.BatchPrefix, topology.LabelsPrefix} {
+		if rest, ok = strings.CutPrefix(subject, prefix); ok {
+			break
+		}
+	}
 	if !ok {
-		return "", fmt.Errorf("subject %q is not under %s<caller>", subject, topology.DecidePrefix)
+		return "", fmt.Errorf("subject %q is not under %s<caller>, %s<caller> or %s<caller>", subject, topology.DecidePrefix, topology.BatchPrefix, topology.LabelsPrefix)
 	}
 	caller, _, _ := strings.Cut(rest, ".")
 	if caller == "" || caller == "*" || caller == ">" || strings.ContainsAny(caller, " \t\r\n") {
-		return "", fmt.Errorf("subject %q has no caller token after %s", subject, topology.DecidePrefix)
+		return "", fmt.Errorf("subject %q has no caller token", subject)
 	}
 	return caller, nil
 }
@@ -115,53 +124,70 @@ func CallerFromSubject(subject string) (string, error) {
 // _INBOX.<user> prefixes of deploy/nats).
 const inboxPrefix = "_INBOX."
 
+// ReplyPolicy is where replies may go beyond the checks every reply subject passes.
+type ReplyPolicy struct {
+	// AnyInbox lets verified callers name any _INBOX.… subject, not only _INBOX.<caller>.…
+	// (SYS1_ALLOW_ANY_INBOX). For deployments whose producers cannot set an inbox prefix; it
+	// gives up the guarantee that one producer cannot make the worker answer, with a run id of
+	// its choosing, into another producer's predictable inbox.
+	AnyInbox bool
+}
+
 // CheckReplyTo applies the reply-subject policy to a request's Sys1-Reply-To (empty: no reply).
 // The worker publishes to it with its own permissions, so an unchecked value would make it a
 // confused deputy: a reply into sys1.runs.> forges a run record, one into sys1.decide.> a
-// request. Only inboxes (_INBOX.…) and durable replies (sys1.replies.…) are accepted, and
-// durable replies of verified callers must stay under sys1.replies.<token>, the token of the
-// subject the request was published on (the caller itself in subject mode).
-// Errors: SYS1_INVALID_INPUT for a subject outside those namespaces, SYS1_FORBIDDEN for another
-// caller's reply namespace.
-func CheckReplyTo(id Identity, replyTo string) *contract.Error {
+// request, one into another producer's inbox plants an answer it never asked for. Only inboxes
+// (_INBOX.…) and durable replies (sys1.replies.…) are accepted, and in modes subject and jwt
+// both must stay in the namespace of the subject's caller token: _INBOX.<token>.… and
+// sys1.replies.<token>[.…] (the token of the subject the request was published on, which the
+// NATS permissions tie to the producer's user; the caller itself in subject mode). Subjects
+// with control bytes, invalid UTF-8, wildcards or empty tokens are refused.
+// Errors: SYS1_INVALID_INPUT for a malformed subject or one outside those namespaces,
+// SYS1_FORBIDDEN for another caller's namespace.
+func CheckReplyTo(id Identity, replyTo string, policy ReplyPolicy) *contract.Error {
 	if replyTo == "" {
 		return nil
 	}
-	if len(replyTo) > 512 || strings.ContainsAny(replyTo, "*> \t\r\n") || strings.HasSuffix(replyTo, ".") || strings.Contains(replyTo, "..") {
-		return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: %q is not a valid reply subject (no wildcards, spaces or empty tokens; at most 512 bytes)", truncate(replyTo, 64))
+	if len(replyTo) > 512 || !utf8.ValidString(replyTo) || strings.ContainsFunc(replyTo, func(r rune) bool {
+		return r <= ' ' || r == 0x7f || r == '*' || r == '>' || unicode.IsControl(r) || unicode.IsSpace(r)
+	}) || strings.HasSuffix(replyTo, ".") || strings.Contains(replyTo, "..") {
+		return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: %q is not a valid reply subject (no wildcards, spaces, control bytes or empty tokens; valid UTF-8; at most 512 bytes)", truncate(replyTo, 64))
 	}
+	var ns string
 	switch {
 	case strings.HasPrefix(replyTo, inboxPrefix):
-		return nil
-	case strings.HasPrefix(replyTo, topology.RepliesPrefix):
-		// Durable replies stay in the namespace of the subject the request came on: the caller
-		// in mode subject; in mode jwt the producer's own subject token, which the NATS
-		// permissions tie to its NATS user (a JWT sub need not be a valid subject token).
-		// Otherwise one caller could plant replies, with any run id, in another's stream.
-		// An unverified request (failed authentication, Kind empty) is held to its subject
-		// token too, and so is a verified jwt caller refused for its roles (Kind jwt): neither
-		// may plant a refusal, under a run id it chose, in another caller's reply stream.
-		var token string
-		switch id.Kind {
-		case contract.CallerKindAnonymous:
-			return nil // mode none: no namespaces to keep apart
-		case contract.CallerKindSubject:
-			token = id.Caller
-		default:
-			t, err := CallerFromSubject(id.Subject)
-			if err != nil {
-				return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: durable replies need a caller token in the request subject")
-			}
-			token = t
-		}
-		own := topology.RepliesPrefix + token
-		if replyTo == own || strings.HasPrefix(replyTo, own+".") {
+		if policy.AnyInbox {
 			return nil
 		}
-		return contract.Errorf(contract.CodeForbidden, "Sys1-Reply-To: %q is outside the caller's reply subjects %s.>", replyTo, own)
+		ns = inboxPrefix
+	case strings.HasPrefix(replyTo, topology.RepliesPrefix):
+		ns = topology.RepliesPrefix
 	default:
 		return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: %q must start with %s or %s", truncate(replyTo, 64), inboxPrefix, topology.RepliesPrefix)
 	}
+	// Replies stay in the namespace of the subject the request came on: the caller in mode
+	// subject; in mode jwt the producer's own subject token, which the NATS permissions tie to
+	// its NATS user (a JWT sub need not be a valid subject token). An unverified request
+	// (failed authentication, Kind empty) is held to its subject token too, and so is a
+	// verified jwt caller refused for its roles (Kind jwt).
+	var token string
+	switch id.Kind {
+	case contract.CallerKindAnonymous:
+		return nil // mode none: no namespaces to keep apart
+	case contract.CallerKindSubject:
+		token = id.Caller
+	default:
+		t, err := CallerFromSubject(id.Subject)
+		if err != nil {
+			return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: replies need a caller token in the request subject")
+		}
+		token = t
+	}
+	own := ns + token
+	if (ns == topology.RepliesPrefix && replyTo == own) || strings.HasPrefix(replyTo, own+".") {
+		return nil
+	}
+	return contract.Errorf(contract.CodeForbidden, "Sys1-Reply-To: %q is outside the caller's reply subjects %s.>", truncate(replyTo, 64), own)
 }
 
 func truncate(s string, n int) string {

@@ -599,7 +599,20 @@ func TestCheckReplyTo(t *testing.T) {
 	}{
 		{subj, "", ""},
 		{subj, "_INBOX.svc-a.abc", ""},
-		{subj, "_INBOX.abc", ""},
+		// Inboxes are bound to the caller too: another producer's predictable inbox is refused.
+		{subj, "_INBOX.abc", contract.CodeForbidden},
+		{subj, "_INBOX.svc-b.abc", contract.CodeForbidden},
+		{subj, "_INBOX.svc-a", contract.CodeForbidden},
+		{jwtID, "_INBOX.svc-a.x", ""},
+		{jwtID, "_INBOX.user@example.com.x", contract.CodeForbidden},
+		{Identity{Caller: "svc-a", Kind: contract.CallerKindSubject, Subject: "sys1.batch.svc-a.b1"}, "_INBOX.svc-a.x", ""},
+		// Control bytes, invalid UTF-8 and other non-printables are refused, not delivered.
+		{anon, "_INBOX.a\x00b", contract.CodeInvalidInput},
+		{anon, "_INBOX.a\x7fb", contract.CodeInvalidInput},
+		{anon, "_INBOX.a\xffb", contract.CodeInvalidInput},
+		{anon, "_INBOX.a\u0085b", contract.CodeInvalidInput},
+		{anon, "_INBOX.a\u00a0b", contract.CodeInvalidInput},
+		{subj, "sys1.replies.svc-a.\x1b[31m", contract.CodeInvalidInput},
 		{subj, "sys1.replies.svc-a", ""},
 		{subj, "sys1.replies.svc-a.run-1", ""},
 		{subj, "sys1.replies.svc-b.run-1", contract.CodeForbidden},
@@ -613,6 +626,7 @@ func TestCheckReplyTo(t *testing.T) {
 		{Identity{Subject: "sys1.decide.svc-a"}, "sys1.replies.svc-a.run-1", ""},
 		{Identity{Subject: "sys1.decide.svc-a"}, "sys1.replies.victim.run-1", contract.CodeForbidden},
 		{Identity{Subject: "sys1.decide.svc-a"}, "_INBOX.svc-a.x", ""},
+		{Identity{Subject: "sys1.decide.svc-a"}, "_INBOX.victim.x", contract.CodeForbidden},
 		{Identity{}, "sys1.replies.victim.run-1", contract.CodeInvalidInput},
 		// A verified but forbidden jwt caller keeps its identity and the jwt rule: its subject's
 		// namespace, not one named after its sub.
@@ -628,7 +642,7 @@ func TestCheckReplyTo(t *testing.T) {
 		{subj, "_INBOX..x", contract.CodeInvalidInput},
 	}
 	for _, tt := range tests {
-		err := CheckReplyTo(tt.id, tt.replyTo)
+		err := CheckReplyTo(tt.id, tt.replyTo, ReplyPolicy{})
 		switch {
 		case tt.code == "" && err != nil:
 			t.Errorf("%s as %s: want accepted, got %v", tt.replyTo, tt.id.Kind, err)
@@ -674,4 +688,35 @@ func TestJWKSPeriodicRefreshSurvivesOutages(t *testing.T) {
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	natstest.WaitFor(t, 10*time.Second, what, cond)
+}
+
+func TestCheckReplyToAnyInboxPolicy(t *testing.T) {
+	subj := Identity{Caller: "svc-a", Kind: contract.CallerKindSubject, Subject: "sys1.decide.svc-a"}
+	open := ReplyPolicy{AnyInbox: true}
+	if err := CheckReplyTo(subj, "_INBOX.abc", open); err != nil {
+		t.Fatalf("SYS1_ALLOW_ANY_INBOX: a plain inbox must be accepted: %v", err)
+	}
+	// Durable replies stay bound, and malformed subjects stay refused.
+	if err := CheckReplyTo(subj, "sys1.replies.svc-b.x", open); err == nil || err.Code != contract.CodeForbidden {
+		t.Fatalf("durable replies of another caller: %v", err)
+	}
+	if err := CheckReplyTo(subj, "_INBOX.a\x00b", open); err == nil || err.Code != contract.CodeInvalidInput {
+		t.Fatalf("control bytes: %v", err)
+	}
+}
+
+func TestCallerFromEveryProducerSubject(t *testing.T) {
+	for subject, want := range map[string]string{
+		"sys1.decide.svc-a": "svc-a", "sys1.decide.svc-a.more": "svc-a",
+		"sys1.batch.svc-a.b1": "svc-a", "sys1.labels.svc-a": "svc-a",
+	} {
+		if got, err := CallerFromSubject(subject); err != nil || got != want {
+			t.Errorf("%s: %q %v", subject, got, err)
+		}
+	}
+	for _, subject := range []string{"sys1.runs.success", "sys1.decide.", "sys1.batch.*.x", "other.svc-a"} {
+		if got, err := CallerFromSubject(subject); err == nil {
+			t.Errorf("%s: caller %q, want an error", subject, got)
+		}
+	}
 }

@@ -168,6 +168,18 @@ func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
 	return nil
 }
 
+// replyInbox is a fresh reply subject for caller. Workers in auth modes subject and jwt
+// answer only inside the caller's own inbox namespace, _INBOX.<caller>.… (the one the NATS
+// permissions of deploy/nats let producer <caller> read), so a connection on the default
+// inbox prefix gets one there; a connection with its own prefix (nats.CustomInboxPrefix) keeps
+// it.
+func (c *Client) replyInbox(caller string) string {
+	if c.nc.Opts.InboxPrefix == "" && caller != "" && !strings.ContainsAny(caller, ".*> \t\r\n") {
+		return "_INBOX." + caller + "." + nuid.Next()
+	}
+	return c.nc.NewInbox()
+}
+
 // Decide publishes req and waits for its reply until ctx ends.
 func (c *Client) Decide(ctx context.Context, req Request) (*Reply, error) {
 	runID := req.RunID
@@ -177,7 +189,7 @@ func (c *Client) Decide(ctx context.Context, req Request) (*Reply, error) {
 	if req.ReplyTo != "" {
 		return nil, errors.New("decide with a custom ReplyTo: consume that subject yourself and use Publish")
 	}
-	replyTo := c.nc.NewInbox()
+	replyTo := c.replyInbox(req.Caller)
 	m, err := req.message(runID, replyTo)
 	if err != nil {
 		return nil, err
