@@ -15,7 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-		"strings"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
