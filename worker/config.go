@@ -24,6 +24,9 @@ type Config struct {
 	// capped, or the provider's Retry-After hint when it is longer.
 	RetryBase time.Duration `env:"SYS1_RETRY_BASE" envDefault:"1s"`
 	RetryMax  time.Duration `env:"SYS1_RETRY_MAX" envDefault:"60s"`
+	// StoreRetry is how long a finished run retries storing its outcome in place (keeping its
+	// delivery alive meanwhile) before giving up and being redelivered.
+	StoreRetry time.Duration `env:"SYS1_STORE_RETRY" envDefault:"2m"`
 	// ID names this replica in run records; default host-pid.
 	ID string `env:"SYS1_WORKER_ID"`
 	// AllowAnyInbox lets verified callers be answered on any _INBOX.… subject instead of only
@@ -48,6 +51,9 @@ func (c *Config) Validate() []error {
 	}
 	if c.RetryBase <= 0 {
 		errs = append(errs, fmt.Errorf("SYS1_RETRY_BASE: must be positive, got %s", c.RetryBase))
+	}
+	if c.StoreRetry < 0 {
+		errs = append(errs, fmt.Errorf("SYS1_STORE_RETRY: must not be negative, got %s", c.StoreRetry))
 	}
 	if c.RetryMax < c.RetryBase {
 		errs = append(errs, fmt.Errorf("SYS1_RETRY_MAX: %s is below SYS1_RETRY_BASE %s", c.RetryMax, c.RetryBase))

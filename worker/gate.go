@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -31,15 +32,32 @@ type runState struct {
 	StreamSeq uint64             `json:"stream_seq"`
 	StartedAt time.Time          `json:"started_at"`
 	Attempts  []contract.Attempt `json:"attempts,omitempty"`
-	// Outcome of a finished run: the exact reply and record bytes, republished verbatim when a
-	// finished run is delivered again (a crash between finishing and acking).
-	ReplyTo string          `json:"reply_to,omitempty"`
-	Reply   json.RawMessage `json:"reply,omitempty"`
-	Record  json.RawMessage `json:"record,omitempty"`
-	Subject string          `json:"record_subject,omitempty"`
+	// Outcome of a finished run: what a replay needs, and nothing more. The exact reply bytes
+	// answer any later delivery of the run id; the record is written again only when the
+	// run's own message comes back (a crash between finishing and acking), and is rebuilt
+	// then from that message's request and Finished — the gate never holds the request.
+	ReplyTo  string          `json:"reply_to,omitempty"`
+	Reply    json.RawMessage `json:"reply,omitempty"`
+	Subject  string          `json:"record_subject,omitempty"`
+	Finished *finishedState  `json:"finished,omitempty"`
+	// Record is the whole record as entries written before Finished held it; read, never written.
+	Record json.RawMessage `json:"record,omitempty"`
 
 	// key is the gate entry's key (GateKey, or a legacy key), set by claim; not stored.
 	key string
+}
+
+// finishedState is what a finished run's record says beyond its reply.
+type finishedState struct {
+	At          time.Time `json:"at"`
+	Deliveries  int       `json:"deliveries"`
+	CallerKind  string    `json:"caller_kind"`
+	Roles       []string  `json:"roles,omitempty"`
+	Scopes      []string  `json:"scopes,omitempty"`
+	Provider    string    `json:"provider"`
+	Worker      string    `json:"worker"`
+	Version     string    `json:"version"`
+	OmitRequest bool      `json:"omit_request,omitempty"` // the record was too large with it
 }
 
 type claimResult int
@@ -149,18 +167,26 @@ func (g gate) save(ctx context.Context, runID string, st *runState, rev uint64) 
 		key = GateKey(runID)
 	}
 	newRev, err := g.kv.Update(ctx, key, val, rev)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		// The revision moved on. When an earlier try of this very write landed but its answer
+		// was lost (a timeout during a leader election), the entry holds what we meant to
+		// write: that is success, not a conflict.
+		if entry, gerr := g.kv.Get(ctx, key); gerr == nil && bytes.Equal(entry.Value(), val) {
+			return entry.Revision(), nil
+		}
+	}
 	if err != nil {
 		return 0, fmt.Errorf("run-id gate: update: %w", err)
 	}
 	return newRev, nil
 }
 
-// encode is json.Marshal(st) without its cost on the hot path: the stored reply and record
-// (most of the entry's bytes) are spliced in as they are instead of being re-scanned and
+// encode is json.Marshal(st) without its cost on the hot path: the stored reply (most of the
+// entry's bytes) is spliced in as it is instead of being re-scanned and
 // re-compacted as json.RawMessage, and the small fields skip reflection. The JSON decodes to
 // the same runState (json.Unmarshal reads it back).
 func (st *runState) encode() ([]byte, error) {
-	b := make([]byte, 0, 192+160*len(st.Attempts)+len(st.Reply)+len(st.Record))
+	b := make([]byte, 0, 384+160*len(st.Attempts)+len(st.Reply))
 	b = append(b, `{"caller":`...)
 	b = contract.AppendJSONString(b, st.Caller)
 	b = append(b, `,"status":`...)
@@ -185,18 +211,22 @@ func (st *runState) encode() ([]byte, error) {
 		b = append(b, `,"reply_to":`...)
 		b = contract.AppendJSONString(b, st.ReplyTo)
 	}
-	// Reply and Record are JSON this worker encoded (or read back from an entry it wrote).
+	// Reply is JSON this worker encoded (or read back from an entry it wrote).
 	if len(st.Reply) > 0 {
 		b = append(b, `,"reply":`...)
 		b = append(b, st.Reply...)
 	}
-	if len(st.Record) > 0 {
-		b = append(b, `,"record":`...)
-		b = append(b, st.Record...)
-	}
 	if st.Subject != "" {
 		b = append(b, `,"record_subject":`...)
 		b = contract.AppendJSONString(b, st.Subject)
+	}
+	if st.Finished != nil {
+		f, err := json.Marshal(st.Finished)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, `,"finished":`...)
+		b = append(b, f...)
 	}
 	return append(b, '}'), nil
 }

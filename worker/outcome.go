@@ -6,19 +6,10 @@ import (
 	"github.com/sys1hq/sys1/contract"
 )
 
-// outcome builds the reply and the run record.
-func (r *run) outcome(resp *contract.Response, cerr *contract.Error, finished time.Time) (contract.Reply, contract.RunRecord) {
-	w := r.w
-	started := r.start
-	if r.state != nil && !r.state.StartedAt.IsZero() {
-		started = r.state.StartedAt
-	}
-	var published time.Time
-	var seq uint64
-	var deliveries int
-	if r.meta != nil {
-		published, seq, deliveries = r.meta.Timestamp, r.meta.Sequence.Stream, int(r.meta.NumDelivered)
-	}
+// replyFor builds the reply of a run that ended with resp (success) or cerr (failure).
+func (r *run) replyFor(resp *contract.Response, cerr *contract.Error, finished time.Time) contract.Reply {
+	started := r.startedAt()
+	published := r.publishedAt()
 	queued := max(started.Sub(published).Milliseconds(), 0)
 	if published.IsZero() {
 		queued = 0
@@ -32,27 +23,73 @@ func (r *run) outcome(resp *contract.Response, cerr *contract.Error, finished ti
 	if reply.Attempts == nil {
 		reply.Attempts = []contract.Attempt{}
 	}
+	if cerr == nil && resp != nil {
+		model := resp.Model
+		if model == "" && r.resolved != nil {
+			model = r.resolved.Model
+		}
+		reply.Status = contract.StatusSuccess
+		reply.Result = &contract.Result{Provider: r.w.opt.Provider.Name(), Model: model, Answers: resp.Answers, Usage: resp.Usage}
+		return reply
+	}
+	if cerr == nil {
+		cerr = contract.Errorf(contract.CodeInternal, "the run ended without an answer or an error")
+	}
+	reply.Status, reply.Error = contract.StatusFailed, cerr
+	return reply
+}
+
+// provenance is what a record says about who finished the run, where, and for whom: the
+// run's own when it finishes now, the stored one when its record is written again (replay).
+type provenance struct {
+	identity   contract.RunRecord // Caller, CallerKind, Roles, Scopes only
+	deliveries int
+	provider   string
+	worker     string
+	version    string
+	replyTo    string
+}
+
+// provenanceNow is the provenance of a run finishing in this delivery.
+func (r *run) provenanceNow() provenance {
+	p := provenance{provider: r.w.opt.Provider.Name(), worker: r.w.cfg.ID, version: r.w.opt.Version, replyTo: r.replyTo}
+	p.identity.Caller, p.identity.CallerKind = r.identity.Caller, r.identity.Kind
+	p.identity.Roles, p.identity.Scopes = r.identity.Roles, r.identity.Scopes
+	if r.meta != nil {
+		p.deliveries = int(r.meta.NumDelivered)
+	}
+	return p
+}
+
+// recordFor builds the run record that goes with reply.
+func (r *run) recordFor(reply *contract.Reply, finished time.Time, p provenance) contract.RunRecord {
+	var seq uint64
+	if r.meta != nil {
+		seq = r.meta.Sequence.Stream
+	}
 	rec := contract.RunRecord{
 		SchemaVersion:  contract.RecordSchemaVersion,
 		RunID:          r.recordID,
-		Caller:         r.identity.Caller,
-		CallerKind:     r.identity.Kind,
-		Roles:          r.identity.Roles,
-		Scopes:         r.identity.Scopes,
+		Caller:         p.identity.Caller,
+		CallerKind:     p.identity.CallerKind,
+		Roles:          p.identity.Roles,
+		Scopes:         p.identity.Scopes,
 		Subject:        r.msg.Subject(),
 		StreamSeq:      seq,
-		Deliveries:     deliveries,
-		PublishedAt:    published.UTC(),
-		StartedAt:      started.UTC(),
+		Deliveries:     p.deliveries,
+		PublishedAt:    r.publishedAt().UTC(),
+		StartedAt:      r.startedAt().UTC(),
 		FinishedAt:     finished.UTC(),
 		QueuedMS:       reply.QueuedMS,
 		LatencyMS:      reply.LatencyMS,
-		Provider:       w.opt.Provider.Name(),
+		Provider:       p.provider,
 		RequestedModel: r.requested,
 		Attempts:       reply.Attempts,
-		ReplyTo:        r.replyTo,
-		Worker:         w.cfg.ID,
-		Version:        w.opt.Version,
+		ReplyTo:        p.replyTo,
+		Worker:         p.worker,
+		Version:        p.version,
+		Status:         reply.Status,
+		Result:         reply.Result,
 	}
 	if rec.CallerKind == "" {
 		// Refused before any caller was verified: SPEC §6 knows only subject, jwt and
@@ -65,30 +102,41 @@ func (r *run) outcome(resp *contract.Response, cerr *contract.Error, finished ti
 	if rec.Scopes == nil {
 		rec.Scopes = []string{}
 	}
+	if rec.Attempts == nil {
+		rec.Attempts = []contract.Attempt{}
+	}
 	if r.resolved != nil {
 		redacted := contract.Redact(r.resolved)
-		rec.Request = redacted
 		rec.Model = r.resolved.Model
 		rec.Images = make([]contract.ImageRef, 0, len(redacted.Images))
 		for _, im := range redacted.Images {
 			rec.Images = append(rec.Images, im.Ref())
 		}
-	}
-	if cerr == nil && resp != nil {
-		model := resp.Model
-		if model == "" && r.resolved != nil {
-			model = r.resolved.Model
+		if !r.omitRequest {
+			rec.Request = redacted
 		}
-		res := &contract.Result{Provider: w.opt.Provider.Name(), Model: model, Answers: resp.Answers, Usage: resp.Usage}
-		reply.Status, reply.Result = contract.StatusSuccess, res
-		rec.Status, rec.Result = contract.StatusSuccess, res
-		return reply, rec
 	}
-	if cerr == nil {
-		cerr = contract.Errorf(contract.CodeInternal, "the run ended without an answer or an error")
+	if reply.Error != nil {
+		rec.ErrorCode, rec.ErrorStatus, rec.ErrorMessage = reply.Error.Code, reply.Error.Status, reply.Error.Message
 	}
-	reply.Status, reply.Error = contract.StatusFailed, cerr
-	rec.Status = contract.StatusFailed
-	rec.ErrorCode, rec.ErrorStatus, rec.ErrorMessage = cerr.Code, cerr.Status, cerr.Message
-	return reply, rec
+	return rec
+}
+
+// startedAt is when the run first started (its first delivery's claim), or this delivery's
+// start when it never reached the gate.
+func (r *run) startedAt() time.Time {
+	if r.state != nil && !r.state.StartedAt.IsZero() {
+		return r.state.StartedAt
+	}
+	if r.finished != nil && !r.finished.StartedAt.IsZero() {
+		return r.finished.StartedAt
+	}
+	return r.start
+}
+
+func (r *run) publishedAt() time.Time {
+	if r.meta == nil {
+		return time.Time{}
+	}
+	return r.meta.Timestamp
 }

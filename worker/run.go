@@ -53,6 +53,8 @@ type run struct {
 	deadline  time.Time
 	requested string            // the model the caller asked for
 	resolved  *contract.Request // the request as sent to the provider
+	// omitRequest leaves the request out of the record: it could not be stored with it.
+	omitRequest bool
 
 	// call
 	attempts    []contract.Attempt // across deliveries: the stored ones, then this delivery's

@@ -31,6 +31,13 @@ func (r *run) prepare(context.Context) error {
 		return cerr
 	}
 	r.resolved = resolved
+	if ok, size := storable(resolved, len(r.msg.Data()), w.storeLimit(), w.cfg.MaxDeliver); !ok {
+		// Refused without calling the model: its answer could never be stored. The record of
+		// the refusal leaves the request out for the same reason.
+		r.omitRequest = true
+		return contract.Errorf(contract.CodeRequestTooLarge, "the run's record would take about %d bytes (the request as recorded plus its answers), over the %d bytes NATS can store (max_payload, SYS1_MAX_MSG_SIZE); send less state or fewer, shorter options, or raise both limits; the model was not called",
+			size, w.storeLimit())
+	}
 	if int(r.meta.NumDelivered) > w.cfg.MaxDeliver {
 		// Earlier deliveries died without finishing (crashed replicas); stop here.
 		return r.lastError(fmt.Sprintf("no delivery finished the run in %d deliveries", r.meta.NumDelivered))

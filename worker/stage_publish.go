@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -14,11 +15,14 @@ import (
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
-// publish answers a run that settle says is over: it stores the outcome in the gate, then
-// publishes the record (awaiting JetStream's ack) and the reply. A run that had already
-// finished is answered again from its stored outcome. If any step fails the error is
-// returned, and the stored outcome makes the next delivery answer identically without calling
-// the provider.
+// publish answers a run that settle says is over. Its outcome is stored in the gate first,
+// then the record is published (awaiting JetStream's ack), then the reply: a delivery that
+// dies anywhere after the first step is answered again from the stored outcome, never scored
+// again. A run that had already finished is answered from its stored outcome (replay).
+//
+// Storing is retried in place (store): the answer in hand must survive a NATS or KV hiccup
+// such as a leader election. An outcome too large to store is not retried: the run is
+// answered SYS1_REQUEST_TOO_LARGE instead, with a record that leaves out the request.
 func (r *run) publish(ctx context.Context, runErr error) error {
 	if isNotJetStream(runErr) {
 		return nil // nothing to reply to, nothing to record under
@@ -26,7 +30,6 @@ func (r *run) publish(ctx context.Context, runErr error) error {
 	if r.finished != nil {
 		return r.replay(ctx, r.finished)
 	}
-	w := r.w
 	var cerr *contract.Error
 	if runErr != nil {
 		var ok bool
@@ -34,22 +37,44 @@ func (r *run) publish(ctx context.Context, runErr error) error {
 			cerr = contract.Wrap(contract.CodeInternal, runErr, "the run failed unexpectedly")
 		}
 	}
-	reply, record := r.outcome(r.resp, cerr, time.Now())
+	finished := time.Now()
+	prov := r.provenanceNow()
+	reply := r.replyFor(r.resp, cerr, finished)
+	record := r.recordFor(&reply, finished, prov)
 	// The contract's encoders write the bytes directly. Going through json.Marshal would call
 	// them and then re-scan and re-compact their whole output (a fifth of the worker's CPU at
 	// zero provider latency) for nothing: the output is already compact, valid JSON.
 	replyBytes, _ := reply.MarshalJSON()
 	recordBytes, _ := record.MarshalJSON()
-	if err := r.conclude(ctx, reply.Status, replyBytes, recordBytes); err != nil {
+	err := r.conclude(ctx, reply.Status, replyBytes, recordBytes, finished, prov)
+	if isTooLarge(err) {
+		// The outcome cannot be stored as it is: answer that, in a form that can.
+		r.log.Warn().Err(err).Int("record_bytes", len(recordBytes)).Int("reply_bytes", len(replyBytes)).
+			Msg("the run's outcome is too large to store; answering SYS1_REQUEST_TOO_LARGE")
+		r.omitRequest, prov = true, r.provenanceNow()
+		cerr = contract.Errorf(contract.CodeRequestTooLarge, "the run's outcome (a %d-byte record, a %d-byte reply) is over the %d bytes NATS can store (max_payload, SYS1_MAX_MSG_SIZE); the answer could not be kept: send less state or shorter options, or raise both limits",
+			len(recordBytes), len(replyBytes), r.w.storeLimit())
+		r.resp = nil
+		reply = r.replyFor(nil, cerr, finished)
+		record = r.recordFor(&reply, finished, prov)
+		replyBytes, _ = reply.MarshalJSON()
+		recordBytes, _ = record.MarshalJSON()
+		err = r.conclude(ctx, reply.Status, replyBytes, recordBytes, finished, prov)
+	}
+	if err != nil {
 		return err
 	}
+	r.logFinished(&reply)
+	return nil
+}
 
+func (r *run) logFinished(reply *contract.Reply) {
 	ev := r.log.Info()
 	if reply.Status == contract.StatusSuccess {
-		w.stats.succeeded.Add(1)
+		r.w.stats.succeeded.Add(1)
 		ev = r.log.Debug()
 	} else {
-		w.stats.failed.Add(1)
+		r.w.stats.failed.Add(1)
 		ev = ev.Str("error_code", string(reply.Error.Code))
 	}
 	if r.recordID != r.runID {
@@ -58,50 +83,118 @@ func (r *run) publish(ctx context.Context, runErr error) error {
 	}
 	ev.Str("status", string(reply.Status)).Int("attempts", len(reply.Attempts)).
 		Int64("queued_ms", reply.QueuedMS).Int64("latency_ms", reply.LatencyMS).Msg("run finished")
-	return nil
 }
 
 // conclude stores the outcome, then publishes record and reply.
-func (r *run) conclude(ctx context.Context, status contract.Status, reply, record []byte) error {
+func (r *run) conclude(ctx context.Context, status contract.Status, reply, record []byte, finished time.Time, p provenance) error {
+	if limit := r.w.storeLimit(); len(record) > limit || len(reply) > limit {
+		return fmt.Errorf("outcome of %d + %d bytes: %w", len(record), len(reply), errTooLarge)
+	}
 	subject := topology.RunsPrefix + string(status)
 	if r.state != nil {
-		r.state.Status = runDone
-		r.state.Attempts = r.attempts
-		r.state.ReplyTo, r.state.Reply, r.state.Record, r.state.Subject = r.replyTo, reply, record, subject
-		rev, err := r.w.gate.save(ctx, r.runID, r.state, r.rev)
+		st := *r.state
+		st.Status, st.Attempts = runDone, r.attempts
+		st.ReplyTo, st.Reply, st.Subject, st.Record = r.replyTo, reply, subject, nil
+		st.Finished = &finishedState{
+			At: finished, Deliveries: p.deliveries, CallerKind: p.identity.CallerKind,
+			Roles: p.identity.Roles, Scopes: p.identity.Scopes,
+			Provider: p.provider, Worker: p.worker, Version: p.version, OmitRequest: r.omitRequest,
+		}
+		err := r.store(ctx, "store the outcome", func(ctx context.Context) error {
+			rev, err := r.w.gate.save(ctx, r.runID, &st, r.rev)
+			if err != nil {
+				return err
+			}
+			r.rev = rev
+			return nil
+		})
 		if err != nil {
 			return fmt.Errorf("store outcome: %w", err)
 		}
-		r.rev = rev
+		*r.state = st
 	}
-	return r.send(ctx, subject, record, reply, status)
+	if err := r.sendRecord(ctx, subject, record, status); err != nil {
+		return err
+	}
+	return r.sendReply(ctx, reply, status)
 }
 
-// replay answers a finished run again from its stored outcome.
+// replay answers a finished run again from its stored outcome. Only the run's own message,
+// delivered again, writes the record again (it may never have been written: the delivery that
+// finished the run died after storing it); any other message with the same run id only gets
+// the reply — the record exists, and appending it again would only grow SYS1_RUNS.
 func (r *run) replay(ctx context.Context, st *runState) error {
 	r.w.stats.replayed.Add(1)
 	status := contract.StatusSuccess
 	if strings.HasSuffix(st.Subject, string(contract.StatusFailed)) {
 		status = contract.StatusFailed
 	}
-	if err := r.send(ctx, st.Subject, st.Record, st.Reply, status); err != nil {
+	if r.meta != nil && st.StreamSeq == r.meta.Sequence.Stream {
+		record := []byte(st.Record) // entries written before Finished held the whole record
+		if len(record) == 0 {
+			var err error
+			if record, err = r.rebuildRecord(st); err != nil {
+				return err
+			}
+		}
+		if err := r.sendRecord(ctx, st.Subject, record, status); err != nil {
+			return err
+		}
+	}
+	if err := r.sendReply(ctx, st.Reply, status); err != nil {
 		return err
 	}
 	r.log.Info().Msg("run already finished; answered from its stored outcome")
 	return nil
 }
 
-// send writes the record to SYS1_RUNS (awaiting the stream's ack) and the reply to the
-// caller's subject: through JetStream under sys1.replies., as plain NATS otherwise.
-func (r *run) send(ctx context.Context, subject string, record, reply []byte, status contract.Status) error {
-	w := r.w
-	rm := &nats.Msg{Subject: subject, Data: record, Header: nats.Header{}}
-	rm.Header.Set(HeaderRunID, r.recordID)
-	rm.Header.Set(HeaderStatus, string(status))
-	// The record id de-duplicates republished records (replays) within the stream's window.
-	if _, err := w.opt.JS.PublishMsg(ctx, rm, jetstream.WithMsgID("record:"+r.recordID)); err != nil {
+// rebuildRecord writes the record of a finished run again from its stored reply and
+// provenance and from its message's request, resolved as prepare did.
+func (r *run) rebuildRecord(st *runState) ([]byte, error) {
+	var reply contract.Reply
+	if err := json.Unmarshal(st.Reply, &reply); err != nil {
+		return nil, fmt.Errorf("decode the stored reply of a finished run: %w", err)
+	}
+	f := st.Finished
+	if f == nil {
+		f = &finishedState{At: st.StartedAt}
+	}
+	r.omitRequest = f.OmitRequest
+	if req, cerr := contract.DecodeRequest(r.msg.Data()); cerr == nil {
+		r.requested = req.Model
+		if resolved, cerr := r.w.opt.Policy.Resolve(req); cerr == nil {
+			r.resolved = resolved
+		}
+	}
+	p := provenance{deliveries: f.Deliveries, provider: f.Provider, worker: f.Worker, version: f.Version, replyTo: st.ReplyTo}
+	p.identity.Caller, p.identity.CallerKind, p.identity.Roles, p.identity.Scopes = st.Caller, f.CallerKind, f.Roles, f.Scopes
+	rec := r.recordFor(&reply, f.At, p)
+	b, err := rec.MarshalJSON()
+	if err != nil {
+		return nil, fmt.Errorf("encode the record of a finished run: %w", err)
+	}
+	return b, nil
+}
+
+// sendRecord writes the record to SYS1_RUNS, awaiting the stream's ack. The record id
+// de-duplicates a record written again (store's retries, a replay) within the stream's window.
+func (r *run) sendRecord(ctx context.Context, subject string, record []byte, status contract.Status) error {
+	err := r.store(ctx, "publish the record", func(ctx context.Context) error {
+		rm := &nats.Msg{Subject: subject, Data: record, Header: nats.Header{}}
+		rm.Header.Set(HeaderRunID, r.recordID)
+		rm.Header.Set(HeaderStatus, string(status))
+		_, err := r.w.opt.JS.PublishMsg(ctx, rm, jetstream.WithMsgID("record:"+r.recordID))
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("publish record: %w", err)
 	}
+	return nil
+}
+
+// sendReply answers the caller's subject: through JetStream under sys1.replies., as plain NATS
+// otherwise.
+func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Status) error {
 	if r.replyTo == "" {
 		return nil
 	}
@@ -119,15 +212,63 @@ func (r *run) send(ctx context.Context, subject string, record, reply []byte, st
 		}
 	}
 	if strings.HasPrefix(r.replyTo, topology.RepliesPrefix) {
-		if _, err := w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("reply:"+r.recordID)); err != nil {
+		err := r.store(ctx, "publish the durable reply", func(ctx context.Context) error {
+			_, err := r.w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("reply:"+r.recordID))
+			return err
+		})
+		if err != nil {
 			return fmt.Errorf("publish durable reply: %w", err)
 		}
 		return nil
 	}
-	if err := w.opt.NC.PublishMsg(m); err != nil {
+	// A plain publish only fails when the connection is closed; while it reconnects nats.go
+	// buffers it.
+	if err := r.w.opt.NC.PublishMsg(m); err != nil {
 		return fmt.Errorf("publish reply: %w", err)
 	}
 	return nil
+}
+
+// store runs op, a step that writes the run's outcome, until it succeeds, fails for good, or
+// the store-retry time (SYS1_STORE_RETRY) is spent, keeping the delivery alive with
+// InProgress meanwhile. A store that failed for a moment (a timeout while a stream or the
+// gate's bucket elects a leader, a reconnect) must not throw away an answer the model was
+// already paid for: retried here, the run is stored once; nak'ed, it would be scored again.
+// A failure that retrying cannot fix (too large; shutdown) ends at once.
+func (r *run) store(ctx context.Context, what string, op func(context.Context) error) error {
+	w := r.w
+	budget := time.Now().Add(w.cfg.StoreRetry)
+	delay := 50 * time.Millisecond
+	// Beat often enough that JetStream never redelivers while we retry.
+	maxDelay := min(2*time.Second, max(w.opt.Topology.AckWait/3, 10*time.Millisecond))
+	for attempt := 1; ; attempt++ {
+		err := op(ctx)
+		if err == nil || isTooLarge(err) || ctx.Err() != nil || !time.Now().Add(delay).Before(budget) {
+			if err != nil && isTooLarge(err) {
+				return fmt.Errorf("%w: %w", errTooLarge, err)
+			}
+			return err
+		}
+		r.log.Warn().Err(err).Int("attempt", attempt).Dur("retry_in", delay).Msg("could not " + what + "; retrying in place")
+		_ = r.msg.InProgress()
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		delay = min(2*delay, maxDelay)
+	}
+}
+
+// errTooLarge marks an outcome NATS cannot store: over max_payload, the stream's max message
+// size, or the gate's.
+var errTooLarge = errors.New("too large to store")
+
+func isTooLarge(err error) bool {
+	return err != nil && (errors.Is(err, errTooLarge) || errors.Is(err, nats.ErrMaxPayload) ||
+		errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum))
 }
 
 // saveAttempts persists the attempts so far in the gate, so the next delivery (on any

@@ -161,6 +161,20 @@ func (w *Worker) topologyGone(ctx context.Context) bool {
 	return topology.ConsumerGone(ctx, w.opt.JS, w.opt.Topology.RequestsStream, w.opt.Topology.WorkerConsumer)
 }
 
+// storeHeadroom is what a stored message needs beyond its body: headers (run id, status,
+// Nats-Msg-Id) and the protocol's framing.
+const storeHeadroom = 2 << 10
+
+// storeLimit is the largest body this replica can store: a record in SYS1_RUNS, a reply, a
+// gate entry. The smaller of the server's max_payload and the streams' max message size.
+func (w *Worker) storeLimit() int {
+	limit := int64(w.opt.Topology.MaxMsgSize)
+	if mp := w.opt.NC.MaxPayload(); mp > 0 && mp < limit {
+		limit = mp
+	}
+	return int(max(limit-storeHeadroom, 1024))
+}
+
 // ID is the replica id written into run records.
 func (w *Worker) ID() string { return w.cfg.ID }
 
