@@ -282,3 +282,76 @@ func TestRedeliveredFinishedRunWritesItsRecord(t *testing.T) {
 		t.Errorf("provider calls = %d, want 2", calls)
 	}
 }
+
+// TestRequestOutOfDeliveriesIsAnsweredFromItsDeadLetter: no message is redelivered without
+// bound. A run whose every delivery fails to finish (here: the record cannot be written, for
+// longer than the in-place retries last) is no longer delivered once SYS1_CONSUMER_MAX_DELIVER
+// is spent; JetStream's advisory, kept in SYS1_DEAD_LETTERS, leads a worker to answer it once
+// NATS lets it — from its stored outcome, the model called once — then remove it.
+func TestRequestOutOfDeliveriesIsAnsweredFromItsDeadLetter(t *testing.T) {
+	h := newHarness(t)
+	h.topo.ConsumerMaxDeliver = 3
+	h.start(func(o *replicaOpts) { o.cfg.MaxDeliver, o.cfg.StoreRetry = 2, 50*time.Millisecond })
+	if rep := h.decide("svc-a", []byte(ticket)); rep.Status != contract.StatusSuccess {
+		t.Fatalf("warm-up: %s", rep.Raw)
+	}
+	unblock := h.blockRuns()
+	inbox := "_INBOX.svc-a." + nats.NewInbox()[7:]
+	sub, _ := h.nc.SubscribeSync(inbox)
+	if _, err := h.cl.Publish(context.Background(), client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "dead-1", ReplyTo: inbox}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the request dead-lettered", 15*time.Second, func() bool {
+		return strings.Contains(h.logs.String(), "a request ran out of deliveries")
+	})
+	if _, err := sub.NextMsg(100 * time.Millisecond); err == nil {
+		t.Fatal("answered while its record could not be written")
+	}
+	unblock()
+	m, err := sub.NextMsg(20 * time.Second)
+	if err != nil {
+		t.Fatalf("no reply: %v", err)
+	}
+	if rep, _ := client.ParseReply(m); rep.Status != contract.StatusSuccess {
+		t.Fatalf("reply %s", rep.Raw)
+	}
+	if rec := h.recordByRun("dead-1"); rec.Status != contract.StatusSuccess || rec.Request == nil || rec.Deliveries != 1 {
+		t.Errorf("record: %s, request %v, finished in delivery %d", rec.Status, rec.Request != nil, rec.Deliveries)
+	}
+	waitFor(t, "the request removed from the stream", 10*time.Second, func() bool { return h.pending() == 0 })
+	if calls := h.fake.Calls(); calls != 2 {
+		t.Errorf("provider calls = %d, want 2 (the warm-up, and this run once)", calls)
+	}
+}
+
+// TestDuplicateGivesUpWaitingWithinItsDeliveries: a message whose run id another message is
+// still running waits for it, but not past its own deliveries: it is answered and terminated,
+// and the owner's run is untouched.
+func TestDuplicateGivesUpWaitingWithinItsDeliveries(t *testing.T) {
+	h := newHarness(t)
+	h.topo.ConsumerMaxDeliver = 4
+	stuck := &blocking{Provider: h.ollama(time.Second), release: make(chan struct{})}
+	t.Cleanup(func() { close(stuck.release) })
+	h.start(func(o *replicaOpts) { o.provider = stuck })
+	ctx := context.Background()
+	if _, err := h.cl.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "owned-1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the owner in flight", 10*time.Second, func() bool { return stuck.started.Load() == 1 })
+	inbox := "_INBOX.svc-a." + nats.NewInbox()[7:]
+	sub, _ := h.nc.SubscribeSync(inbox)
+	if _, err := h.cl.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "owned-1", MsgID: "dup", ReplyTo: inbox}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.NextMsg(20 * time.Second)
+	if err != nil {
+		t.Fatalf("the duplicate was never answered: %v", err)
+	}
+	rep, _ := client.ParseReply(m)
+	if rep.Status != contract.StatusFailed || rep.Error.Code != contract.CodeRunIDConflict || !strings.Contains(rep.Error.Message, "gave up waiting after 4 deliveries") {
+		t.Fatalf("reply %s", rep.Raw)
+	}
+	if stuck.started.Load() != 1 {
+		t.Errorf("the duplicate ran the provider")
+	}
+}

@@ -33,6 +33,12 @@ func (r *run) gate(ctx context.Context) error {
 			return &waitError{ownerSeq: st.StreamSeq, err: err, why: "could not look up the message that owns this run id; the run will be retried"}
 		}
 		if !gone {
+			if int(r.meta.NumDelivered) >= w.opt.Topology.ConsumerMaxDeliver {
+				// Waiting longer would outlast this message's own deliveries: give up as the
+				// owner itself would, answered, and recorded apart (the run is the owner's).
+				r.recordID = r.derived
+				return contract.Errorf(contract.CodeRunIDConflict, "run id %q is still being run by another message (stream sequence %d); this one gave up waiting after %d deliveries and was not run; the run's own reply goes to the subject its message named", r.runID, st.StreamSeq, r.meta.NumDelivered)
+			}
 			return &waitError{ownerSeq: st.StreamSeq, why: "run id is in flight from another message; answering once it finishes"}
 		}
 		st.StreamSeq = r.meta.Sequence.Stream

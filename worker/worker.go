@@ -49,6 +49,8 @@ type Worker struct {
 	cfg  Config
 	opt  Options
 	cons jetstream.Consumer // used by the pull loop alone, which also replaces it (ensure)
+	// deadCons is the shared consumer of dead letters (deadletter.go); ensure replaces it.
+	deadCons atomic.Pointer[jetstream.Consumer]
 	// requests is the request stream, to tell whether a run's owning message still exists.
 	// JetStream handles are names, so this one stays valid when the stream is recreated.
 	requests jetstream.Stream
@@ -81,6 +83,9 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	if opt.JS == nil || opt.NC == nil || opt.Provider == nil || opt.Auth == nil {
 		return nil, errors.New("worker: NC, JS, Provider and Auth are required")
 	}
+	if opt.Topology.ConsumerMaxDeliver <= cfg.MaxDeliver {
+		return nil, fmt.Errorf("worker config: SYS1_CONSUMER_MAX_DELIVER (%d) must exceed SYS1_MAX_DELIVER (%d): the worker answers a failing run itself after SYS1_MAX_DELIVER deliveries, and needs deliveries left to do so", opt.Topology.ConsumerMaxDeliver, cfg.MaxDeliver)
+	}
 	cfg = cfg.withDefaults()
 	if opt.FetchWait <= 0 {
 		opt.FetchWait = time.Second
@@ -109,6 +114,11 @@ func (w *Worker) ensure(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	dead, err := topology.EnsureDeadLetterConsumer(ctx, w.opt.JS, w.opt.Topology)
+	if err != nil {
+		return err
+	}
+	w.deadCons.Store(&dead)
 	requests, err := w.opt.JS.Stream(ctx, w.opt.Topology.RequestsStream)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", w.opt.Topology.RequestsStream, err)
@@ -203,6 +213,8 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 		})
 	}
+	var dead sync.WaitGroup
+	dead.Go(func() { w.deadLetters(ctx, runCtx) })
 	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("max_deliver", w.cfg.MaxDeliver).
 		Str("provider", w.opt.Provider.Name()).Msg("worker started")
 
@@ -264,7 +276,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.log.Info().Int64("in_flight", w.stats.inFlight.Load()).Dur("grace", w.cfg.ShutdownGrace).Msg("stopping: no more pulls, finishing in-flight runs")
 	close(work)
 	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	go func() { wg.Wait(); dead.Wait(); close(done) }()
 	grace := time.NewTimer(w.cfg.ShutdownGrace)
 	defer grace.Stop()
 	select {

@@ -172,12 +172,12 @@ func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
 // answer only inside the caller's own inbox namespace, _INBOX.<caller>.… (the one the NATS
 // permissions of deploy/nats let producer <caller> read), so a connection on the default
 // inbox prefix gets one there; a connection with its own prefix (nats.CustomInboxPrefix) keeps
-// it.
-func (c *Client) replyInbox(caller string) string {
+// it. bound reports the first case.
+func (c *Client) replyInbox(caller string) (subject string, bound bool) {
 	if c.nc.Opts.InboxPrefix == "" && caller != "" && !strings.ContainsAny(caller, ".*> \t\r\n") {
-		return "_INBOX." + caller + "." + nuid.Next()
+		return "_INBOX." + caller + "." + nuid.Next(), true
 	}
-	return c.nc.NewInbox()
+	return c.nc.NewInbox(), false
 }
 
 // Decide publishes req and waits for its reply until ctx ends.
@@ -189,7 +189,7 @@ func (c *Client) Decide(ctx context.Context, req Request) (*Reply, error) {
 	if req.ReplyTo != "" {
 		return nil, errors.New("decide with a custom ReplyTo: consume that subject yourself and use Publish")
 	}
-	replyTo := c.replyInbox(req.Caller)
+	replyTo, bound := c.replyInbox(req.Caller)
 	m, err := req.message(runID, replyTo)
 	if err != nil {
 		return nil, err
@@ -200,7 +200,20 @@ func (c *Client) Decide(ctx context.Context, req Request) (*Reply, error) {
 		return nil, fmt.Errorf("subscribe to reply inbox: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := c.confirmSubscribed(ctx, replyTo); err != nil {
+	confirm := []string{replyTo}
+	if bound {
+		ackInbox := c.nc.NewInbox()
+		// The reply inbox is the caller's, but JetStream's publish ack still comes to the
+		// connection's own inbox prefix: make sure that one is readable too, or the request
+		// would be stored while its ack, and so the call, waits out ctx.
+		probe, err := c.nc.SubscribeSync(ackInbox)
+		if err != nil {
+			return nil, fmt.Errorf("subscribe to the ack inbox: %w", err)
+		}
+		defer func() { _ = probe.Unsubscribe() }()
+		confirm = append(confirm, ackInbox)
+	}
+	if err := c.confirmSubscribed(ctx, confirm...); err != nil {
 		return nil, err
 	}
 	if err := c.publish(ctx, m); err != nil {
@@ -221,7 +234,7 @@ func (c *Client) Decide(ctx context.Context, req Request) (*Reply, error) {
 // and reports when it refused it. A connection that may not read its inbox (deploy/nats lets a
 // user read only _INBOX.<user>.>) would otherwise store the request and wait out ctx for a
 // reply, and a publish ack, that can never arrive.
-func (c *Client) confirmSubscribed(ctx context.Context, replyTo string) error {
+func (c *Client) confirmSubscribed(ctx context.Context, inboxes ...string) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
@@ -232,10 +245,16 @@ func (c *Client) confirmSubscribed(ctx context.Context, replyTo string) error {
 	}
 	// The server answers a refused SUB with -ERR before the flush's PONG, so by now the
 	// refusal, if any, is the connection's last error; the inbox name is unique to this call.
-	if err := c.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+replyTo+`"`) {
-		return fmt.Errorf("%w: this connection may not subscribe to its reply inbox %s, so no reply could reach it and nothing was published; "+
-			"connect with an inbox prefix it may read (nats.CustomInboxPrefix(\"_INBOX.<user>\"); for sys1 commands SYS1_NATS_INBOX_PREFIX)",
-			nats.ErrPermissionViolation, replyTo)
+	err := c.nc.LastError()
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		return nil
+	}
+	for _, inbox := range inboxes {
+		if strings.Contains(err.Error(), `"`+inbox+`"`) {
+			return fmt.Errorf("%w: this connection may not subscribe to its inbox %s, so no reply could reach it and nothing was published; "+
+				"connect with an inbox prefix it may read (nats.CustomInboxPrefix(\"_INBOX.<user>\"); for sys1 commands SYS1_NATS_INBOX_PREFIX)",
+				nats.ErrPermissionViolation, inbox)
+		}
 	}
 	return nil
 }

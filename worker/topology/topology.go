@@ -65,6 +65,17 @@ type Config struct {
 	ReviewBucket      string `env:"SYS1_REVIEW_BUCKET" envDefault:"sys1-review"`
 	CalibrationBucket string `env:"SYS1_CALIBRATION_BUCKET" envDefault:"sys1-calibration"`
 	CacheBucket       string `env:"SYS1_CACHE_BUCKET" envDefault:"sys1-cache"`
+	// DeadLetterStream keeps JetStream's max-deliveries advisories for the request consumers,
+	// so a request that ran out of deliveries is answered by a worker (DeadLetterConsumer)
+	// even when no worker was listening at that moment.
+	DeadLetterStream   string `env:"SYS1_DEAD_LETTER_STREAM" envDefault:"SYS1_DEAD_LETTERS"`
+	DeadLetterConsumer string `env:"SYS1_DEAD_LETTER_CONSUMER" envDefault:"sys1-dead-letter"`
+	// ConsumerMaxDeliver bounds the deliveries of one request message on the request
+	// consumers. It must exceed SYS1_MAX_DELIVER: the worker answers a run whose provider
+	// keeps failing after SYS1_MAX_DELIVER deliveries itself; this is the backstop for
+	// deliveries that could not even do that (NATS or KV trouble, crashed replicas, a duplicate
+	// waiting for its run), after which the run is dead-lettered and answered with an error.
+	ConsumerMaxDeliver int `env:"SYS1_CONSUMER_MAX_DELIVER" envDefault:"20"`
 	// LimitsBucket holds the per-caller budget and rate-limit counters.
 	LimitsBucket   string        `env:"SYS1_LIMITS_BUCKET" envDefault:"sys1-limits"`
 	Replicas       int           `env:"SYS1_STREAM_REPLICAS" envDefault:"1"`
@@ -100,7 +111,8 @@ func (c *Config) Validate() []error {
 		{"SYS1_BATCH_CONSUMER", c.BatchConsumer}, {"SYS1_LABELS_CONSUMER", c.LabelsConsumer},
 		{"SYS1_SINK_LABELS_CONSUMER", c.SinkLabelsConsumer}, {"SYS1_REVIEW_BUCKET", c.ReviewBucket},
 		{"SYS1_CALIBRATION_BUCKET", c.CalibrationBucket}, {"SYS1_CACHE_BUCKET", c.CacheBucket},
-		{"SYS1_LIMITS_BUCKET", c.LimitsBucket},
+		{"SYS1_LIMITS_BUCKET", c.LimitsBucket}, {"SYS1_DEAD_LETTER_STREAM", c.DeadLetterStream},
+		{"SYS1_DEAD_LETTER_CONSUMER", c.DeadLetterConsumer},
 	} {
 		if !validName(f.v) {
 			errs = append(errs, fmt.Errorf("%s: %q is not a valid JetStream name (letters, digits, - and _ only)", f.name, f.v))
@@ -122,6 +134,9 @@ func (c *Config) Validate() []error {
 	}
 	if c.DedupeWindow > c.RequestsMaxAge && c.RequestsMaxAge > 0 {
 		errs = append(errs, fmt.Errorf("SYS1_DEDUPE_WINDOW: %s exceeds SYS1_REQUESTS_MAX_AGE %s", c.DedupeWindow, c.RequestsMaxAge))
+	}
+	if c.ConsumerMaxDeliver < 2 || c.ConsumerMaxDeliver > 1000 {
+		errs = append(errs, fmt.Errorf("SYS1_CONSUMER_MAX_DELIVER: must be 2–1000, got %d", c.ConsumerMaxDeliver))
 	}
 	if c.MaxAckPending < 1 {
 		errs = append(errs, fmt.Errorf("SYS1_MAX_ACK_PENDING: must be positive, got %d", c.MaxAckPending))
@@ -153,6 +168,7 @@ func Default() Config {
 		LabelsConsumer: "sys1-labels", SinkLabelsConsumer: "sys1-sink-labels",
 		RunsBucket: "sys1-runs", ReviewBucket: "sys1-review", CalibrationBucket: "sys1-calibration",
 		CacheBucket: "sys1-cache", LimitsBucket: "sys1-limits",
+		DeadLetterStream: "SYS1_DEAD_LETTERS", DeadLetterConsumer: "sys1-dead-letter", ConsumerMaxDeliver: 20,
 		Replicas: 1, RequestsMaxAge: 24 * time.Hour, RunsMaxAge: 7 * 24 * time.Hour,
 		RepliesMaxAge: 24 * time.Hour, ReviewMaxAge: 30 * 24 * time.Hour, LabelsMaxAge: 30 * 24 * time.Hour, RunIDTTL: 7 * 24 * time.Hour, DedupeWindow: 2 * time.Minute,
 		AckWait: 30 * time.Second, MaxAckPending: 1024, MaxMsgSize: 8 << 20,
@@ -235,11 +251,50 @@ func (c Config) LabelsStreamConfig() jetstream.StreamConfig {
 	}
 }
 
+// DeadLetterStreamConfig is SYS1_DEAD_LETTERS: JetStream's max-deliveries advisories of the
+// request consumers. A request message that ran out of deliveries stays in SYS1_REQUESTS,
+// no longer delivered; its advisory, kept here, is how a worker finds it, answers it with an
+// error, records it and removes it (worker.deadLetters).
+func (c Config) DeadLetterStreamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        c.DeadLetterStream,
+		Description: "sys1 request messages that ran out of deliveries (JetStream advisories)",
+		Subjects:    []string{MaxDeliveriesAdvisories(c.RequestsStream)},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		MaxAge:      c.RequestsMaxAge,
+		Duplicates:  min(c.DedupeWindow, c.RequestsMaxAge),
+		MaxMsgSize:  64 << 10, // an advisory is a few hundred bytes
+	}
+}
+
+// MaxDeliveriesAdvisories is the subject of JetStream's advisories for messages of stream
+// that reached a consumer's max deliver.
+func MaxDeliveriesAdvisories(stream string) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + ".*"
+}
+
+// DeadLetterConsumerConfig is the workers' shared consumer of SYS1_DEAD_LETTERS.
+func (c Config) DeadLetterConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       c.DeadLetterConsumer,
+		Description:   "sys1 workers answering request messages that ran out of deliveries",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.AckWait,
+		MaxDeliver:    -1, // answering a dead letter can wait out NATS trouble: it is retried
+		MaxAckPending: 64,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		Replicas:      c.Replicas,
+	}
+}
+
 // WorkerConsumerConfig is the durable pull consumer every worker replica shares.
 //
-// MaxDeliver is unlimited on purpose: the worker itself stops retrying after SYS1_MAX_DELIVER
-// deliveries and answers with the last error. A JetStream-side limit would instead drop the
-// message silently, with no reply and no record.
+// MaxDeliver is bounded (ConsumerMaxDeliver) so that no message can be redelivered forever:
+// the worker answers runs whose provider keeps failing after SYS1_MAX_DELIVER deliveries
+// itself, and JetStream's advisory for a message past this bound leads a worker to answer it
+// (DeadLetterStreamConfig), so nothing is dropped silently either.
 func (c Config) WorkerConsumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       c.WorkerConsumer,
@@ -247,7 +302,7 @@ func (c Config) WorkerConsumerConfig() jetstream.ConsumerConfig {
 		FilterSubject: DecideSubjects,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.AckWait,
-		MaxDeliver:    -1,
+		MaxDeliver:    c.ConsumerMaxDeliver,
 		MaxAckPending: c.MaxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		Replicas:      c.Replicas,
@@ -362,7 +417,7 @@ func newOptions(opts []Option) options {
 // each component ensures its own (EnsureWorkerConsumer, EnsureSinkConsumer).
 func Ensure(ctx context.Context, js jetstream.JetStream, c Config, opts ...Option) (jetstream.KeyValue, error) {
 	o := newOptions(opts)
-	for _, sc := range []jetstream.StreamConfig{c.RequestsStreamConfig(), c.RunsStreamConfig(), c.RepliesStreamConfig(), c.ReviewStreamConfig(), c.LabelsStreamConfig()} {
+	for _, sc := range []jetstream.StreamConfig{c.RequestsStreamConfig(), c.RunsStreamConfig(), c.RepliesStreamConfig(), c.ReviewStreamConfig(), c.LabelsStreamConfig(), c.DeadLetterStreamConfig()} {
 		if err := ensureStream(ctx, js, sc, o); err != nil {
 			return nil, err
 		}
@@ -449,6 +504,15 @@ func EnsureWorkerConsumer(ctx context.Context, js jetstream.JetStream, c Config)
 	cons, err := js.CreateOrUpdateConsumer(ctx, c.RequestsStream, c.WorkerConsumerConfig())
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.WorkerConsumer, c.RequestsStream, err)
+	}
+	return cons, nil
+}
+
+// EnsureDeadLetterConsumer creates or updates the workers' consumer of dead letters.
+func EnsureDeadLetterConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.DeadLetterStream, c.DeadLetterConsumerConfig())
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.DeadLetterConsumer, c.DeadLetterStream, err)
 	}
 	return cons, nil
 }
