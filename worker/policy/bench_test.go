@@ -95,9 +95,11 @@ func BenchmarkEvaluate64x20(b *testing.B) {
 		b.Fatalf("the input exercises too few rules: %v", rules)
 	}
 	b.ReportAllocs()
+	cpu := startCPU()
 	for b.Loop() {
 		p.Evaluate(in)
 	}
+	cpu.report(b)
 }
 
 // BenchmarkParse is one reload of the 20-rule file.
@@ -116,9 +118,11 @@ func BenchmarkParse(b *testing.B) {
 func BenchmarkDecodeResponse64(b *testing.B) {
 	req, body := benchRun(b)
 	b.ReportAllocs()
+	cpu := startCPU()
 	for b.Loop() {
 		if _, err := contract.DecodeResponse(req, body); err != nil {
 			b.Fatal(err)
 		}
 	}
+	cpu.report(b)
 }

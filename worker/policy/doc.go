@@ -7,19 +7,22 @@
 // YAML (JSON is valid YAML), one mapping with a list of rules:
 //
 //	rules:
-//	  - name: refunds            # required, unique; it names the rule in verdicts
-//	    caller: billing-*        # glob, default *
-//	    question: refund_*       # glob, default *
-//	    model: nimble*           # glob, default: any model
-//	    min_confidence: 0.8      # choice, score: abstain when the answer's confidence is lower
-//	    min_probability: 0.6     # choice: the chosen option's probability; score: the most probable level's
-//	    review: hold             # none | notify (default) | hold
+//	  - name: refunds                       # required, unique; names the rule in verdicts
+//	    caller: billing-*                   # glob, default *
+//	    question: refund_*                  # glob, default *
+//	    noul_abstain_between: [0.2, 0.8]    # noul: abstain when P(yes) is in the band, ends included
+//	    review: hold                        # none | notify (the default) | hold
 //	  - name: yes-no
-//	    noul_abstain_between: [0.3, 0.7]   # noul: abstain when P(yes) is in the band, ends included
-//	    use: calibrated          # compare calibrated values when a temperature fit applies
-//	  - name: everything-else
+//	    noul_abstain_between: [0.35, 0.65]
+//	    use: calibrated                     # compare calibrated values when a fit applies
+//	  - name: routing
+//	    question: label
+//	    model: "nimble*"                    # glob, default: any model
+//	    min_confidence: 0.7                 # choice, score: the answer's confidence
+//	    min_probability: 0.6                # choice: the chosen option's; score: the most probable level's
+//	  - name: default
 //	    min_confidence: 0.5
-//	    audit_sample: 0.02       # 2% of decided answers also go to review
+//	    audit_sample: 0.02                  # 2% of decided answers also go to review
 //
 // Rules are tried in order and the first that matches a question wins. A rule matches a
 // question when its caller, question and model globs match and it has something to say about

@@ -18,21 +18,22 @@ func (p *Policy) Evaluate(in *Input) Outcome {
 		return out
 	}
 
-	// The caller and model are the same for every question: filter the rules once.
-	var candStack [32]*Rule
-	cand := candStack[:0]
+	// The caller and model are the same for every question: filter the rules once, into
+	// those that govern choice and score answers and those that govern noul ones.
+	var csStack, noulStack [24]*Rule
+	candCS, candNoul := csStack[:0], noulStack[:0]
 	if p != nil {
 		for i := range p.rules {
 			r := &p.rules[i]
 			if r.caller.match(in.Caller) && (!r.hasModel || r.model.match(in.Model)) {
-				cand = append(cand, r)
+				if r.forChoiceScore {
+					candCS = append(candCS, r)
+				}
+				if r.forNoul {
+					candNoul = append(candNoul, r)
+				}
 			}
 		}
-	}
-
-	var hdr threshold
-	if in.MinConfidence > 0 && in.MinConfidence <= 1 {
-		hdr = newThreshold(in.MinConfidence)
 	}
 
 	// Every reason is written into one buffer and becomes one string: one allocation for the
@@ -43,6 +44,10 @@ func (p *Policy) Evaluate(in *Input) Outcome {
 		offs = make([]int, 0, n+1)
 	}
 	e := evaluator{buf: make([]byte, 0, 64*n)} // most reasons are 15–60 bytes
+	var hdr threshold                          // zero: none
+	if in.MinConfidence > 0 && in.MinConfidence <= 1 {
+		hdr = newThreshold(in.MinConfidence)
+	}
 	for i := range in.Questions {
 		q := &in.Questions[i]
 		v := &out.Verdicts[i]
@@ -54,15 +59,22 @@ func (p *Policy) Evaluate(in *Input) Outcome {
 		v.Calibrated = cal
 
 		k := kindOf(q.Type)
+		var cand []*Rule
+		switch k {
+		case kindChoice, kindScore:
+			cand = candCS
+		case kindNoul:
+			cand = candNoul
+		}
 		var rule *Rule
 		for _, r := range cand {
-			if r.governs(k) && r.question.match(q.Name) {
+			if r.question.match(q.Name) {
 				rule = r
 				break
 			}
 		}
 		offs = append(offs, len(e.buf))
-		abstain, mode, audit := e.judge(in, i, q, k, rule, cal, hdr)
+		abstain, mode, audit := e.judge(in, i, q, k, rule, cal, &hdr)
 		switch {
 		case rule != nil:
 			v.Rule = rule.Name
@@ -126,17 +138,6 @@ func kindOf(t contract.QuestionType) kind {
 	return kindOther
 }
 
-// governs reports whether the rule has something to say about an answer of kind k.
-func (r *Rule) governs(k kind) bool {
-	switch k {
-	case kindChoice, kindScore:
-		return r.forChoiceScore
-	case kindNoul:
-		return r.forNoul
-	}
-	return false
-}
-
 // evaluator holds the reasons being written and the checks of the question being judged.
 type evaluator struct {
 	buf        []byte
@@ -161,8 +162,8 @@ type check struct {
 	calibrated bool
 	state      checkState
 	val        float64
-	min        threshold // min_confidence, min_probability
-	lo, hi     threshold // noul_abstain_between
+	min        threshold  // min_confidence, min_probability (a copy: it may be the header's)
+	lo, hi     *threshold // noul_abstain_between
 	band       bool
 	header     bool // min is the producer's Sys1-Min-Confidence
 }
@@ -171,7 +172,7 @@ func (c *check) failed() bool { return c.state != checkPass }
 
 // judge writes question i's reason into e.buf and returns its verdict: whether it abstains,
 // the review mode for an abstention, and whether a decided answer is sampled for audit.
-func (e *evaluator) judge(in *Input, i int, q *contract.Question, k kind, r *Rule, cal *contract.Calibrated, hdr threshold) (abstain bool, mode string, audit bool) {
+func (e *evaluator) judge(in *Input, i int, q *contract.Question, k kind, r *Rule, cal *contract.Calibrated, hdr *threshold) (abstain bool, mode string, audit bool) {
 	header := hdr.v > 0 && (k == kindChoice || k == kindScore)
 	e.nchecks, e.usedHeader = 0, r == nil && header
 	if r == nil && !header {
@@ -199,17 +200,17 @@ func (e *evaluator) judge(in *Input, i int, q *contract.Question, k kind, r *Rul
 	noFit := r != nil && r.useCalibrated && cal == nil
 	switch k {
 	case kindChoice, kindScore:
-		var limit threshold
-		hasMin, fromHeader := false, false
+		var limit *threshold
+		fromHeader := false
 		if r != nil && r.MinConfidence != nil {
-			limit, hasMin = r.minConf, true
+			limit = &r.minConf
 		}
-		if header && (!hasMin || hdr.v > limit.v) {
-			limit, hasMin, fromHeader = hdr, true, true
+		if header && (limit == nil || hdr.v > limit.v) {
+			limit, fromHeader = hdr, true
 		}
-		if hasMin {
+		if limit != nil {
 			c := e.add("confidence", useCal)
-			c.min, c.header = limit, fromHeader
+			c.min, c.header = *limit, fromHeader
 			conf := a.Confidence
 			if useCal {
 				conf = cal.Confidence
@@ -238,7 +239,7 @@ func (e *evaluator) judge(in *Input, i int, q *contract.Question, k kind, r *Rul
 	case kindNoul:
 		if r != nil && r.NoulAbstainBetween != nil {
 			c := e.add("P(yes)", useCal)
-			c.band, c.lo, c.hi = true, r.lo, r.hi
+			c.band, c.lo, c.hi = true, &r.lo, &r.hi
 			switch {
 			case !useCal:
 				c.compareBand(a.Noul)
@@ -385,7 +386,7 @@ func (e *evaluator) writeCheck(c *check) {
 	e.buf = append(e.buf, ' ')
 	if c.band {
 		prec := max(c.lo.prec, c.hi.prec)
-		prec = e.appendDistinct(c.val, prec, &c.lo, &c.hi)
+		prec = e.appendDistinct(c.val, prec, c.lo, c.hi)
 		if c.state == checkInBand {
 			e.buf = append(e.buf, " in ["...)
 		} else {
@@ -403,7 +404,7 @@ func (e *evaluator) writeCheck(c *check) {
 	} else {
 		e.buf = append(e.buf, " >= "...)
 	}
-	e.buf = appendAt(e.buf, c.min, prec)
+	e.buf = appendAt(e.buf, &c.min, prec)
 	if c.header {
 		e.buf = append(e.buf, " (Sys1-Min-Confidence)"...)
 	}
@@ -481,7 +482,7 @@ func appendFixed(b []byte, v float64, prec int) []byte {
 }
 
 // appendAt writes a threshold at prec decimals (its prepared text when that is its own).
-func appendAt(b []byte, t threshold, prec int) []byte {
+func appendAt(b []byte, t *threshold, prec int) []byte {
 	if prec == t.prec {
 		return append(b, t.text...)
 	}

@@ -541,3 +541,29 @@ func TestAuditDrawIsUniform(t *testing.T) {
 		t.Fatal("the run id and question must be separated in the hash")
 	}
 }
+
+// Evaluate is pure: it leaves its input alone and gives the same outcome every time.
+func TestEvaluateIsPure(t *testing.T) {
+	p, in := benchPolicy(t), benchInput(t)
+	before := fmt.Sprintf("%+v", *in)
+	first := p.Evaluate(in)
+	for i := 0; i < 3; i++ {
+		if again := p.Evaluate(in); !reflect.DeepEqual(first, again) {
+			t.Fatal("a second evaluation differs")
+		}
+	}
+	if fmt.Sprintf("%+v", *in) != before {
+		t.Fatal("Evaluate changed its input")
+	}
+	// 64 questions spread over several rules, each verdict with a reason.
+	rules := map[string]bool{}
+	for _, v := range first.Verdicts {
+		if v.Reason == "" || v.Question == "" {
+			t.Fatalf("verdict %+v", v)
+		}
+		rules[v.Rule] = true
+	}
+	if len(first.Verdicts) != 64 || len(rules) < 5 {
+		t.Fatalf("%d verdicts over rules %v", len(first.Verdicts), rules)
+	}
+}

@@ -34,13 +34,16 @@ func TestExampleFilesLoad(t *testing.T) {
 	}
 	r := y[0]
 	if r.Name != "refunds" || r.Caller != "billing-*" || r.Question != "refund_*" || r.Model != "" ||
-		*r.MinConfidence != 0.8 || *r.MinProbability != 0.6 || r.NoulAbstainBetween != nil ||
+		r.MinConfidence != nil || r.MinProbability != nil || *r.NoulAbstainBetween != [2]float64{0.2, 0.8} ||
 		r.Review != contract.ReviewHold || r.AuditSample != 0 || r.Use != UseRaw {
 		t.Fatalf("rule 1: %+v", r)
 	}
-	if r := y[1]; r.Caller != "*" || r.Question != "*" || *r.NoulAbstainBetween != [2]float64{0.3, 0.7} ||
+	if r := y[1]; r.Caller != "*" || r.Question != "*" || *r.NoulAbstainBetween != [2]float64{0.35, 0.65} ||
 		r.Use != UseCalibrated || r.Review != contract.ReviewNotify {
 		t.Fatalf("rule 2 (defaults): %+v", r)
+	}
+	if r := y[2]; *r.MinConfidence != 0.7 || *r.MinProbability != 0.6 || r.NoulAbstainBetween != nil {
+		t.Fatalf("rule 3: %+v", r)
 	}
 	if r := y[3]; r.AuditSample != 0.02 || *r.MinConfidence != 0.5 {
 		t.Fatalf("rule 4: %+v", r)
