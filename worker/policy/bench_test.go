@@ -126,3 +126,17 @@ func BenchmarkDecodeResponse64(b *testing.B) {
 	}
 	cpu.report(b)
 }
+
+// BenchmarkEvaluateTicket is the common case: the three questions of the ticket example
+// against the 20 rules.
+func BenchmarkEvaluateTicket(b *testing.B) {
+	p, full := benchPolicy(b), benchInput(b)
+	in := *full
+	in.Questions, in.Answers, in.Calibrated = full.Questions[:3], full.Answers[:3], full.Calibrated[:3]
+	b.ReportAllocs()
+	cpu := startCPU()
+	for b.Loop() {
+		p.Evaluate(&in)
+	}
+	cpu.report(b)
+}

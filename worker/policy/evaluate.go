@@ -414,14 +414,14 @@ func (e *evaluator) writeCheck(c *check) {
 func (e *evaluator) writeLimit(c *check) {
 	if c.band {
 		e.buf = append(e.buf, " (abstain between "...)
-		e.buf = append(e.buf, c.lo.text...)
+		e.buf = appendAt(e.buf, c.lo, c.lo.prec)
 		e.buf = append(e.buf, " and "...)
-		e.buf = append(e.buf, c.hi.text...)
+		e.buf = appendAt(e.buf, c.hi, c.hi.prec)
 		e.buf = append(e.buf, ')')
 		return
 	}
 	e.buf = append(e.buf, " (min "...)
-	e.buf = append(e.buf, c.min.text...)
+	e.buf = appendAt(e.buf, &c.min, c.min.prec)
 	if c.header {
 		e.buf = append(e.buf, ", Sys1-Min-Confidence"...)
 	}
@@ -483,7 +483,7 @@ func appendFixed(b []byte, v float64, prec int) []byte {
 
 // appendAt writes a threshold at prec decimals (its prepared text when that is its own).
 func appendAt(b []byte, t *threshold, prec int) []byte {
-	if prec == t.prec {
+	if prec == t.prec && t.text != "" {
 		return append(b, t.text...)
 	}
 	return appendFixed(b, t.v, prec)

@@ -356,9 +356,9 @@ func (ps *parser) rule(idx int, n *yaml.Node) (Rule, bool) {
 				return
 			}
 			if key == "min_confidence" {
-				r.MinConfidence, r.minConf = &f, newThreshold(f)
+				r.MinConfidence, r.minConf = &f, newThreshold(f).withText()
 			} else {
-				r.MinProbability, r.minProb = &f, newThreshold(f)
+				r.MinProbability, r.minProb = &f, newThreshold(f).withText()
 			}
 		case "noul_abstain_between":
 			if v.Kind != yaml.SequenceNode || len(v.Content) != 2 {
@@ -374,7 +374,7 @@ func (ps *parser) rule(idx int, n *yaml.Node) (Rule, bool) {
 				bad(fmt.Sprintf("lo %s is above hi %s", fmtNum(lo), fmtNum(hi)))
 				return
 			}
-			r.NoulAbstainBetween, r.lo, r.hi = &[2]float64{lo, hi}, newThreshold(lo), newThreshold(hi)
+			r.NoulAbstainBetween, r.lo, r.hi = &[2]float64{lo, hi}, newThreshold(lo).withText(), newThreshold(hi).withText()
 		case "review":
 			hasReview = true
 			s, ok := ps.str(v, prob)

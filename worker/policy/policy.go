@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"strconv"
-
 	"github.com/sys1hq/sys1/contract"
 )
 
@@ -52,29 +50,25 @@ type Rule struct {
 // decision, so nothing about the rule is formatted there.
 type threshold struct {
 	v      float64
-	text   string // shortest form with at least two decimals: 0.50, 0.125
+	text   string // shortest form with at least two decimals, 0.50 or 0.125 ("" until withText)
 	prec   int    // its decimals
 	scaled uint64 // v in units of 10^-prec (see scaled)
 }
 
 func newThreshold(v float64) threshold {
-	text := strconv.FormatFloat(v, 'f', -1, 64)
-	prec := 0
-	for i := 0; i < len(text); i++ {
-		if text[i] == '.' {
-			prec = len(text) - i - 1
-		}
+	// The fewest decimals (two at least) that give v back; the request's Sys1-Min-Confidence
+	// is prepared on every run, so this avoids strconv's shortest-form search.
+	prec := 2
+	for prec < maxPrec && float64(scaled(v, prec))/pow10[prec] != v {
+		prec++
 	}
-	if prec < 2 {
-		prec = 2
-		text = strconv.FormatFloat(v, 'f', 2, 64)
-	}
-	if prec > maxPrec {
-		// A figure such as 0.1234567890123456789 is shown and compared to 15 decimals.
-		prec = maxPrec
-		text = strconv.FormatFloat(v, 'f', prec, 64)
-	}
-	return threshold{v: v, text: text, prec: prec, scaled: scaled(v, prec)}
+	return threshold{v: v, prec: prec, scaled: scaled(v, prec)}
+}
+
+// withText is t with its text, for a rule's thresholds (prepared once, at load).
+func (t threshold) withText() threshold {
+	t.text = string(appendFixed(nil, t.v, t.prec))
+	return t
 }
 
 // Policy is a parsed, valid policy file: its rules in order. The zero value and nil have no
