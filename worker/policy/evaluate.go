@@ -158,7 +158,7 @@ const (
 
 // check is one threshold compared with one figure of the answer.
 type check struct {
-	what       string // "confidence", "probability", "P(yes)"
+	what       string // "confidence", "probability of the chosen option", "P(yes)"
 	calibrated bool
 	state      checkState
 	val        float64
@@ -222,17 +222,17 @@ func (e *evaluator) judge(in *Input, i int, q *contract.Question, k kind, r *Rul
 			}
 		}
 		if r != nil && r.MinProbability != nil {
-			c := e.add("probability", useCal)
-			c.min = r.minProb
 			probs := a.Probabilities
 			if useCal {
 				probs = cal.Probabilities
 			}
 			if k == kindChoice {
-				c.what = "probability of the chosen option"
+				c := e.add("probability of the chosen option", useCal)
+				c.min = r.minProb
 				c.setFrom(chosenProbability(probs, a.Choice))
 			} else {
-				c.what = "probability of the most probable level"
+				c := e.add("probability of the most probable level", useCal)
+				c.min = r.minProb
 				c.setFrom(topProbability(probs))
 			}
 		}
@@ -252,13 +252,13 @@ func (e *evaluator) judge(in *Input, i int, q *contract.Question, k kind, r *Rul
 	}
 
 	failed := false
-	for k := 0; k < e.nchecks; k++ {
-		failed = failed || e.checks[k].failed()
+	for j := 0; j < e.nchecks; j++ {
+		failed = failed || e.checks[j].failed()
 	}
 	// An abstention names only what failed; a decision names every check it passed.
 	wrote := false
-	for k := 0; k < e.nchecks; k++ {
-		c := &e.checks[k]
+	for j := 0; j < e.nchecks; j++ {
+		c := &e.checks[j]
 		if failed && !c.failed() {
 			continue
 		}
