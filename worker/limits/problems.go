@@ -111,7 +111,7 @@ func quote(s string) string {
 		for cut > 0 && !utf8.RuneStart(s[cut]) {
 			cut--
 		}
-		return strconv.Quote(s[:cut]) + "…"
+		return strconv.Quote(s[:cut] + "…")
 	}
 	return strconv.Quote(s)
 }
