@@ -23,12 +23,13 @@
 //
 // # Contention
 //
-// A replica runs its own operations on one key one at a time (a local lock per key), so it
-// never races itself, and it remembers the last revision it wrote, so an uncontended
-// admission is one round trip (the compare-and-set) instead of two (read, then write). Only
-// replicas contend with each other; a lost compare-and-set re-reads and retries after a
-// jittered, growing backoff, at most Config.MaxAttempts times. Past that the admission is
-// delayed briefly (KindContention) rather than failed.
+// A replica never races itself: its operations on one key queue up and are written in
+// batches, one compare-and-set for everything queued (see kv.go), and it remembers the last
+// revision it wrote, so an uncontended admission is one round trip (the compare-and-set)
+// instead of two (read, then write). Only replicas race each other; a lost compare-and-set
+// re-reads and retries the batch after a jittered, growing backoff, at most
+// Config.MaxAttempts times (four times that for settlements and releases, which must land).
+// Past that an admission is delayed briefly (KindContention) rather than failed.
 //
 // # Failure
 //
@@ -131,7 +132,7 @@ type Budget struct {
 	stopped chan struct{}
 
 	stats struct {
-		ops, attempts, conflicts, exhausted atomic.Int64
+		ops, batches, attempts, conflicts, exhausted atomic.Int64
 	}
 }
 
@@ -400,7 +401,7 @@ func (b *Budget) charge(ctx context.Context, t *Ticket, est Estimate, now time.T
 		estTokens = 0
 	}
 	var dec Decision
-	err := b.update(ctx, key, func(cur []byte) ([]byte, error) {
+	err := b.update(ctx, key, b.maxAttempts, func(cur []byte) ([]byte, error) {
 		var c dayCounter
 		if cur != nil {
 			if err := json.Unmarshal(cur, &c); err != nil {
@@ -469,7 +470,7 @@ func (b *Budget) takeSlot(ctx context.Context, t *Ticket, now time.Time) (Decisi
 	key := flightKey(t.caller, t.rule.Name)
 	id := nuid.Next()
 	var dec Decision
-	err := b.update(ctx, key, func(cur []byte) ([]byte, error) {
+	err := b.update(ctx, key, b.maxAttempts, func(cur []byte) ([]byte, error) {
 		var f flights
 		if cur != nil {
 			if err := json.Unmarshal(cur, &f); err != nil {
@@ -560,7 +561,7 @@ func (t *Ticket) Settle(ctx context.Context, actual Actual) error {
 		return nil // the estimate was right: nothing to write
 	}
 	key := t.dayKey
-	err := t.b.update(ctx, key, func(cur []byte) ([]byte, error) {
+	err := t.b.update(ctx, key, mustLand*t.b.maxAttempts, func(cur []byte) ([]byte, error) {
 		if cur == nil {
 			return nil, nil // the day's counters are gone (48 h later): nothing to correct
 		}
@@ -596,7 +597,7 @@ func (t *Ticket) Release(ctx context.Context) error {
 		delete(b.leases, key)
 	}
 	b.mu.Unlock()
-	err := b.update(ctx, key, func(cur []byte) ([]byte, error) {
+	err := b.update(ctx, key, mustLand*b.maxAttempts, func(cur []byte) ([]byte, error) {
 		if cur == nil {
 			return nil, nil
 		}
@@ -649,7 +650,7 @@ func (b *Budget) refresh(ctx context.Context) {
 		opCtx, cancel := context.WithTimeout(ctx, b.leaseTTL/3)
 		now := b.now()
 		var lost []string
-		err := b.update(opCtx, key, func(cur []byte) ([]byte, error) {
+		err := b.update(opCtx, key, mustLand*b.maxAttempts, func(cur []byte) ([]byte, error) {
 			lost = lost[:0]
 			var f flights
 			if cur != nil {
