@@ -1,6 +1,7 @@
 package limits
 
 import (
+	"sort"
 	"strings"
 
 	"github.com/sys1hq/sys1/contract"
@@ -65,6 +66,25 @@ func (p *Prices) Len() int {
 		return 0
 	}
 	return len(p.byModel)
+}
+
+// Providers lists the providers the file prices, sorted, so that start-up can warn about a
+// name that matches no configured provider (a typo would leave every model unpriced).
+func (p *Prices) Providers() []string {
+	if p == nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	for k := range p.byModel {
+		provider, _, _ := strings.Cut(k, "\x00")
+		seen[provider] = true
+	}
+	out := make([]string, 0, len(seen))
+	for name := range seen {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // LoadPrices reads the prices file at path and keeps it current (see livefile): call Watch on

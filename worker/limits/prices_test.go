@@ -64,6 +64,12 @@ func TestPricesCost(t *testing.T) {
 	if got := p.Cost("hosted", "sys1-large", contract.Usage{}); got == nil || *got != 0.001 {
 		t.Errorf("per-request price: %v", got)
 	}
+	if got := strings.Join(p.Providers(), ","); got != "hosted,ollama" {
+		t.Errorf("Providers() = %s", got)
+	}
+	if none.Providers() != nil {
+		t.Error("no prices file names no providers")
+	}
 	pr, ok := p.Lookup("hosted", "sys1-large")
 	if !ok || pr.Line != 9 {
 		t.Errorf("Lookup: %+v %v, want line 9", pr, ok)
