@@ -85,7 +85,9 @@ type Config struct {
 	// limit marker).
 	KV jetstream.KeyValue
 	// JS is the JetStream context KV was opened with: entries are written as KV messages
-	// with a TTL of their own, which the KV API offers only for keys that do not exist yet.
+	// ($KV.<bucket>.<key>) with a TTL of their own, which the KV API offers only for keys
+	// that do not exist yet. The bucket is the local account's (no JetStream domain or API
+	// prefix), as all of sys1's are.
 	JS jetstream.JetStream
 	// Now is the clock; nil means time.Now. Ages are measured with it.
 	Now func() time.Time
