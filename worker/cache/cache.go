@@ -25,13 +25,14 @@
 package cache
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -115,13 +116,66 @@ func New(cfg Config) (*Cache, error) {
 	return c, nil
 }
 
-// entry is a cached value.
+// entry is a cached value. It is stored as four header lines and the result's JSON:
+//
+//	sys1-cache/1
+//	2026-12-01T12:00:00.123Z     (stored at)
+//	"ollama"                     (provider, quoted)
+//	"sha256:5f2b…"               (model digest, quoted)
+//	{"provider":…,"model":…,"answers":{…},"usage":{…}}
+//
+// which reads at a glance with `nats kv get` and parses with four cuts: a JSON wrapper cost
+// more to decode than the answers themselves.
 type entry struct {
-	Version  int             `json:"v"`
-	StoredAt time.Time       `json:"stored_at"`
-	Provider string          `json:"provider"`
-	Digest   string          `json:"digest"`
-	Result   json.RawMessage `json:"result"` // contract.Result's JSON: answers verbatim, usage
+	StoredAt time.Time
+	Provider string
+	Digest   string
+	Result   []byte // contract.Result's JSON: answers verbatim, usage
+}
+
+const entryMagic = "sys1-cache/1"
+
+func (e *entry) encode() []byte {
+	b := make([]byte, 0, 96+len(e.Provider)+len(e.Digest)+len(e.Result))
+	b = append(b, entryMagic...)
+	b = append(b, '\n')
+	b = e.StoredAt.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, '\n')
+	b = strconv.AppendQuote(b, e.Provider)
+	b = append(b, '\n')
+	b = strconv.AppendQuote(b, e.Digest)
+	b = append(b, '\n')
+	return append(b, e.Result...)
+}
+
+func decodeEntry(b []byte) (entry, error) {
+	var e entry
+	var line [4][]byte
+	rest := b
+	for i := range line {
+		var ok bool
+		if line[i], rest, ok = bytes.Cut(rest, []byte{'\n'}); !ok {
+			return e, errors.New("truncated")
+		}
+	}
+	if string(line[0]) != entryMagic {
+		return e, errors.New("not a sys1-cache/1 entry")
+	}
+	t, err := time.Parse(time.RFC3339Nano, string(line[1]))
+	if err != nil {
+		return e, errors.New("bad stored-at time")
+	}
+	if e.Provider, err = strconv.Unquote(string(line[2])); err != nil {
+		return e, errors.New("bad provider")
+	}
+	if e.Digest, err = strconv.Unquote(string(line[3])); err != nil {
+		return e, errors.New("bad digest")
+	}
+	if len(rest) == 0 {
+		return e, errors.New("no result")
+	}
+	e.StoredAt, e.Result = t, rest
+	return e, nil
 }
 
 // Hit is a cached result.
@@ -146,8 +200,11 @@ func (c *Cache) Get(ctx context.Context, key Key, req *contract.Request, maxAge 
 	if err != nil {
 		return nil, fmt.Errorf("cache: get: %w", err)
 	}
-	var e entry
-	if err := json.Unmarshal(kve.Value(), &e); err != nil || e.Version != 1 || len(e.Result) == 0 || e.StoredAt.IsZero() || e.Digest != key.digest {
+	e, err := decodeEntry(kve.Value())
+	if err == nil && e.Digest != key.digest {
+		err = errors.New("stored for another model digest")
+	}
+	if err != nil {
 		c.warn(key, "unreadable", err)
 		return nil, nil
 	}
@@ -187,13 +244,8 @@ func (c *Cache) Put(ctx context.Context, key Key, res *contract.Result, ttl time
 	if r := ttl % time.Second; r != 0 {
 		ttl += time.Second - r
 	}
-	val, err := json.Marshal(entry{
-		Version: 1, StoredAt: c.now().UTC(), Provider: res.Provider, Digest: key.digest,
-		Result: res.AppendJSON(nil),
-	})
-	if err != nil {
-		return fmt.Errorf("cache: encode: %w", err)
-	}
+	e := entry{StoredAt: c.now(), Provider: res.Provider, Digest: key.digest, Result: res.AppendJSON(nil)}
+	val := e.encode()
 	// A plain KV put with a per-message TTL: kv.Create takes a TTL but refuses an existing
 	// key, and an existing entry is one too old for the request that missed it.
 	msg := &nats.Msg{Subject: c.subject + key.String(), Data: val}

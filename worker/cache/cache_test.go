@@ -273,7 +273,7 @@ func TestEntryHoldsNoRequest(t *testing.T) {
 			t.Errorf("stored entry holds %q: %s", secret, raw)
 		}
 	}
-	if !strings.Contains(raw, `"digest":"`+digest+`"`) || !strings.Contains(raw, `"answers":{`) {
+	if !strings.HasPrefix(raw, entryMagic+"\n") || !strings.Contains(raw, "\n\""+digest+"\"\n{") || !strings.Contains(raw, `"answers":{`) {
 		t.Errorf("stored entry: %s", raw)
 	}
 }
@@ -288,15 +288,23 @@ func TestCorruptEntriesAreMisses(t *testing.T) {
 	now := time.Now().UTC().Format(time.RFC3339Nano)
 	good, _ := answer(t, req).MarshalJSON()
 	other, _ := answer(t, request(t, "one")).MarshalJSON()
+	head := func(magic, at, provider, dig string) string {
+		return magic + "\n" + at + "\n" + provider + "\n" + dig + "\n"
+	}
+	ok := head(entryMagic, now, `"simulator"`, `"`+digest+`"`)
 	for name, val := range map[string]string{
-		"not JSON":          "\x00\xffgarbage",
+		"not an entry":      "\x00\xffgarbage",
 		"empty":             "",
-		"wrong version":     `{"v":2,"stored_at":"` + now + `","digest":"` + digest + `","result":` + string(good) + `}`,
-		"no time":           `{"v":1,"digest":"` + digest + `","result":` + string(good) + `}`,
-		"other digest":      `{"v":1,"stored_at":"` + now + `","digest":"sha256:old","result":` + string(good) + `}`,
-		"another's answers": `{"v":1,"stored_at":"` + now + `","digest":"` + digest + `","result":` + string(other) + `}`,
-		"broken answers":    `{"v":1,"stored_at":"` + now + `","digest":"` + digest + `","result":{"answers":{"label":{"type":"choice","choice":"nope"}}}}`,
-		"result not object": `{"v":1,"stored_at":"` + now + `","digest":"` + digest + `","result":[1,2]}`,
+		"truncated":         ok[:len(ok)-1],
+		"no result":         ok,
+		"wrong version":     head("sys1-cache/2", now, `"simulator"`, `"`+digest+`"`) + string(good),
+		"bad time":          head(entryMagic, "yesterday", `"simulator"`, `"`+digest+`"`) + string(good),
+		"unquoted provider": head(entryMagic, now, `simulator`, `"`+digest+`"`) + string(good),
+		"other digest":      head(entryMagic, now, `"simulator"`, `"sha256:old"`) + string(good),
+		"another's answers": ok + string(other),
+		"broken answers":    ok + `{"answers":{"label":{"type":"choice","choice":"nope"}}}`,
+		"result not object": ok + `[1,2]`,
+		"old JSON format":   `{"v":1,"stored_at":"` + now + `","digest":"` + digest + `","result":` + string(good) + `}`,
 	} {
 		if _, err := e.kv.Put(ctx, k.String(), []byte(val)); err != nil {
 			t.Fatal(err)
@@ -354,4 +362,23 @@ func TestNewNeedsBucketAndJetStream(t *testing.T) {
 	if _, err := New(Config{KV: e.kv}); err == nil {
 		t.Fatal("no JetStream accepted")
 	}
+}
+
+// FuzzDecodeEntry: stored bytes are whatever a bucket holds (an operator's put, a damaged
+// file); decoding never panics, and whatever it accepts encodes back to an entry that
+// decodes to the same fields.
+func FuzzDecodeEntry(f *testing.F) {
+	f.Add((&entry{StoredAt: time.Unix(1700000000, 5), Provider: "ollama", Digest: digest, Result: []byte(`{"answers":{}}`)}).encode())
+	f.Add([]byte("sys1-cache/1\n\n\n\n"))
+	f.Add([]byte("sys1-cache/1\n2026-12-01T12:00:00Z\n\"a\\nb\"\n\"\"\n{}"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		e, err := decodeEntry(b)
+		if err != nil {
+			return
+		}
+		again, err := decodeEntry(e.encode())
+		if err != nil || !again.StoredAt.Equal(e.StoredAt) || again.Provider != e.Provider || again.Digest != e.Digest || !bytes.Equal(again.Result, e.Result) {
+			t.Fatalf("%q: round trip %+v → %+v (%v)", b, e, again, err)
+		}
+	})
 }
