@@ -208,12 +208,8 @@ func (c *Client) probeReason(err error) string {
 	return reason
 }
 
-// sameModel compares model names the way Ollama resolves them: an untagged name means
+// canonicalModel gives a name the tag Ollama resolves it with: an untagged name means
 // ":latest", so "nimble" and "nimble:latest" are the same model.
-func sameModel(a, b string) bool {
-	return a != "" && b != "" && canonicalModel(a) == canonicalModel(b)
-}
-
 func canonicalModel(name string) string {
 	name = strings.TrimSpace(name)
 	last := name
