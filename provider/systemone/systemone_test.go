@@ -301,7 +301,7 @@ func TestAPIKeyNeverLeaks(t *testing.T) {
 	seen = append(seen, fmt.Sprint(derr))
 	cfg := systemone.Config{BaseURL: srv.URL(), APIKey: key}
 	cfgJSON, _ := json.Marshal(cfg)
-	seen = append(seen, fmt.Sprintf("%v %+v %#v %s", cfg, cfg, cfg, cfg.APIKey), string(cfgJSON), fmt.Sprintf("%+v", *c))
+	seen = append(seen, fmt.Sprintf("%v %+v %#v %s", cfg, cfg, cfg, cfg.APIKey), string(cfgJSON), fmt.Sprintf("%+v", c))
 	log.Info().Interface("config", cfg).Msg("config")
 	if !strings.Contains(strings.Join(seen, "\n"), "check SYS1_SYSTEMONE_API_KEY") {
 		t.Error("a 401 should point at SYS1_SYSTEMONE_API_KEY")
