@@ -22,6 +22,9 @@ const (
 	OutcomeMalformed   = "malformed"
 	OutcomeBusy        = "busy"
 	OutcomeUnavailable = "unavailable"
+	// OutcomeSkipped is a provider of the chain passed over without a call: it has no mapping
+	// for the requested model, or its circuit breaker is open (SPEC §8).
+	OutcomeSkipped = "skipped"
 )
 
 // Result is what a successful run produced: the provider's answers verbatim, in request order.
@@ -32,9 +35,12 @@ type Result struct {
 	Usage    Usage    `json:"usage"`
 }
 
-// Attempt is one provider call of one delivery.
+// Attempt is one provider call of one delivery (or one provider of the chain skipped).
 type Attempt struct {
-	Provider  string `json:"provider"`
+	Provider string `json:"provider"`
+	// Model is the model sent to that provider (after its model map); empty when nothing was
+	// sent because the provider has no mapping for the requested model.
+	Model     string `json:"model"`
 	Outcome   string `json:"outcome"`
 	LatencyMS int64  `json:"latency_ms"`
 	Detail    string `json:"detail"`

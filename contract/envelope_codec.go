@@ -66,6 +66,8 @@ func appendAttempts(b []byte, as []Attempt) []byte {
 		a := &as[i]
 		b = append(b, `{"provider":`...)
 		b = appendString(b, a.Provider)
+		b = append(b, `,"model":`...)
+		b = appendString(b, a.Model)
 		b = append(b, `,"outcome":`...)
 		b = appendString(b, a.Outcome)
 		b = append(b, `,"latency_ms":`...)

@@ -275,6 +275,8 @@ func (d *recordDecoder) attempts(r *RunRecord) error {
 			switch string(key) {
 			case "provider":
 				return d.str(&a.Provider)
+			case "model":
+				return d.str(&a.Model)
 			case "outcome":
 				return d.str(&a.Outcome)
 			case "latency_ms":

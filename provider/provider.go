@@ -7,6 +7,7 @@ package provider
 
 import (
 	"context"
+	"errors"
 
 	"github.com/sys1hq/sys1/contract"
 )
@@ -33,13 +34,30 @@ type Capabilities struct {
 	Models     []string // models known to be available (may be empty when unknown)
 }
 
+// ModelDigester is implemented by providers that can name the exact weights behind a model
+// name, so an exact result cache keys on what answers and never serves one model's answers
+// for another's. The digest is opaque and changes whenever the model behind the name
+// changes. Errors are *contract.Error (the model is not there, the provider is down), or wrap
+// ErrNoModelDigest when the provider exposes no version for the model: then results must not
+// be cached.
+type ModelDigester interface {
+	ModelDigest(ctx context.Context, model string) (string, error)
+}
+
+// ErrNoModelDigest marks a model the provider serves without telling its version.
+var ErrNoModelDigest = errors.New("the provider reports no version for this model")
+
 // ProbeResult is a health snapshot.
 type ProbeResult struct {
+	// Endpoint is where the provider was probed (scheme://host/path, no credentials), for
+	// operators' logs only: Problems never name hosts, because they reach health endpoints.
+	Endpoint     string
 	Reachable    bool
 	Version      string // upstream version, when reported
 	VersionOK    bool   // the version supports System One (Ollama >= 0.35.0)
 	ModelPresent bool   // the default model is available
-	// Problems lists human-readable findings, empty when healthy. Never carries secrets.
+	// Problems lists human-readable findings, empty when healthy. Never carries secrets or
+	// hosts.
 	Problems []string
 }
 

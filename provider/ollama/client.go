@@ -7,6 +7,10 @@
 // retries and never follows redirects: retry policy belongs to the worker, and a redirect
 // means a misconfigured base URL. The optional API key is sent as a bearer token and appears
 // in no error, log line or record.
+//
+// Errors go to producers (in replies and records), so they name the provider and the kind of
+// failure but never the base URL or host (an internal address is nobody else's business); the
+// host is in the adapter's log line for the call and in ProbeResult.Endpoint.
 package ollama
 
 import (
@@ -14,8 +18,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -24,6 +26,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider"
+	"github.com/sys1hq/sys1/provider/internal/upstream"
 )
 
 // Name is the provider name that goes into replies and run records.
@@ -33,8 +36,6 @@ const Name = "ollama"
 const (
 	// MaxResponseBytes bounds an answer's body; a bigger one is SYS1_UPSTREAM_ERROR.
 	MaxResponseBytes = 16 << 20
-	// maxErrorBodyBytes bounds how much of an error body is read to find its message.
-	maxErrorBodyBytes = 64 << 10
 	// MinVersion is the first Ollama release with System One.
 	MinVersion = "0.35.0"
 	// DefaultModel is SYS1_MODEL's default, used by Probe when no model is given.
@@ -42,6 +43,8 @@ const (
 	// maxProbeTimeout bounds each probe request: health checks must answer fast even when
 	// SYS1_TIMEOUT_MS is generous.
 	maxProbeTimeout = 10 * time.Second
+	// DigestTTL is how long a model digest read from /api/tags is trusted (see ModelDigest).
+	DigestTTL = 10 * time.Second
 )
 
 // errCallTimeout is the cause of our own per-call deadline; it tells it apart from the
@@ -50,18 +53,23 @@ var errCallTimeout = errors.New("ollama: SYS1_TIMEOUT_MS elapsed")
 
 // Client is the Ollama provider. It is safe for concurrent use.
 type Client struct {
-	base     string // display form: scheme://host/path, no credentials
+	base     string // display form: scheme://host/path, no credentials; for logs only
 	endpoint string // {base}/v1/systemone
 	version  string // {base}/api/version
 	tags     string // {base}/api/tags
 	apiKey   Secret
+	redact   []string // the base URL and host, removed from upstream text producers see
 	timeout  time.Duration
 	model    string
 	http     *http.Client
 	log      zerolog.Logger
+	now      func() time.Time
 
-	mu     sync.Mutex
-	models []string // from the last successful probe
+	mu        sync.Mutex
+	models    []string          // from the last successful tags read
+	digests   map[string]string // canonical model name → digest, from the same read
+	digestsAt time.Time         // when digests was read
+	refresh   sync.Mutex        // one /api/tags read at a time for ModelDigest
 }
 
 // Option configures a Client.
@@ -103,37 +111,21 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	if o.maxConns < 1 {
 		o.maxConns = 1
 	}
-	hc := o.client
-	if hc == nil {
-		hc = &http.Client{Transport: newTransport(o.maxConns)}
-	} else {
-		copied := *hc
-		hc = &copied
-	}
-	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	base := u.String()
+	display := upstream.DisplayURL(u)
 	return &Client{
-		base:     displayURL(u),
+		base:     display,
 		endpoint: base + "/v1/systemone",
 		version:  base + "/api/version",
 		tags:     base + "/api/tags",
 		apiKey:   cfg.APIKey,
+		redact:   []string{display, u.Host},
 		timeout:  timeout,
 		model:    o.model,
-		http:     hc,
+		http:     upstream.NewHTTPClient(o.client, o.maxConns),
 		log:      o.log.With().Str("provider", Name).Logger(),
+		now:      time.Now,
 	}, nil
-}
-
-// newTransport is http.DefaultTransport's settings with the idle pool sized to the worker's
-// concurrency (the default keeps 2 idle connections per host, which makes a busy worker open
-// and close connections on every call).
-func newTransport(maxConns int) *http.Transport {
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.MaxIdleConns = maxConns + 4 // room for probes
-	t.MaxIdleConnsPerHost = maxConns + 4
-	t.IdleConnTimeout = 90 * time.Second
-	return t
 }
 
 // Name is "ollama".
@@ -184,7 +176,7 @@ func (c *Client) Evaluate(ctx context.Context, req *contract.Request) (*contract
 		out, derr = contract.DecodeResponse(req, answer)
 		if derr != nil {
 			err = contract.Wrap(contract.CodeUpstreamError, fmt.Errorf("%w: %w", provider.ErrMalformed, derr),
-				"ollama at %s answered with a body that breaks the response contract: %s", c.base, trimCode(derr.Message))
+				"ollama answered with a body that breaks the response contract: %s", upstream.TrimCode(derr.Message))
 		}
 	}
 	if err != nil {
@@ -197,70 +189,27 @@ func (c *Client) Evaluate(ctx context.Context, req *contract.Request) (*contract
 	return out, nil
 }
 
-// post sends the body and reads the whole answer (bounded). A non-2xx answer's body is read up
-// to maxErrorBodyBytes only.
+// post sends the body and reads the whole answer (bounded, see upstream.Exchange).
 func (c *Client) post(ctx context.Context, body []byte) (*http.Response, []byte, error) {
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
 	if err != nil {
-		return nil, nil, contract.Wrap(contract.CodeNotConfigured, err, "cannot build a request to ollama at %s", c.base)
+		return nil, nil, contract.Wrap(contract.CodeNotConfigured, err, "cannot build a request to ollama")
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "application/json")
 	hreq.Header.Set("User-Agent", "sys1")
 	c.authorize(hreq)
-	resp, err := c.http.Do(hreq)
-	if err != nil {
-		return nil, nil, err
+	resp, answer, err := upstream.Exchange(c.http, hreq, MaxResponseBytes)
+	if errors.Is(err, upstream.ErrTooLarge) {
+		return resp, nil, contract.Errorf(contract.CodeUpstreamError, "ollama answered with more than %d MiB", MaxResponseBytes>>20)
 	}
-	defer resp.Body.Close()
-	limit := int64(MaxResponseBytes)
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		limit = maxErrorBodyBytes
-	} else if resp.ContentLength > MaxResponseBytes {
-		return resp, nil, c.tooLarge()
-	}
-	answer, err := readBounded(resp.Body, resp.ContentLength, limit)
-	if err != nil {
-		if errors.Is(err, errTooLarge) {
-			if limit == MaxResponseBytes {
-				return resp, nil, c.tooLarge()
-			}
-			// an error body is only read for its message: a truncated one is fine
-			return resp, answer, nil
-		}
-		return resp, nil, err
-	}
-	return resp, answer, nil
-}
-
-func (c *Client) tooLarge() error {
-	return contract.Errorf(contract.CodeUpstreamError, "ollama at %s answered with more than %d MiB", c.base, MaxResponseBytes>>20)
+	return resp, answer, err
 }
 
 func (c *Client) authorize(r *http.Request) {
 	if c.apiKey != "" {
 		r.Header.Set("Authorization", "Bearer "+c.apiKey.Reveal())
 	}
-}
-
-var errTooLarge = errors.New("body over the limit")
-
-// readBounded reads at most limit bytes; more is errTooLarge (with the first limit bytes).
-// It allocates once when the length is announced.
-func readBounded(r io.Reader, announced, limit int64) ([]byte, error) {
-	size := int64(512)
-	if announced > 0 && announced <= limit {
-		size = announced
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, size+1)) // +1 to see EOF without growing
-	n, err := buf.ReadFrom(io.LimitReader(r, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if n > limit {
-		return buf.Bytes()[:limit], errTooLarge
-	}
-	return buf.Bytes(), nil
 }
 
 // classify turns a failure into what Evaluate returns: the caller's cancellation as is
@@ -271,7 +220,7 @@ func (c *Client) classify(caller, call context.Context, err error) error {
 		return fmt.Errorf("ollama: evaluate abandoned by the caller: %w", cerr)
 	}
 	if errors.Is(context.Cause(call), errCallTimeout) {
-		return contract.Wrap(contract.CodeTimeout, err, "ollama at %s did not answer within %s (SYS1_TIMEOUT_MS)", c.base, c.timeout)
+		return contract.Wrap(contract.CodeTimeout, err, "ollama did not answer within %s (SYS1_TIMEOUT_MS)", c.timeout)
 	}
 	if _, ok := contract.AsError(err); ok {
 		return err
@@ -280,68 +229,53 @@ func (c *Client) classify(caller, call context.Context, err error) error {
 }
 
 // transportError maps a connection-level failure. The message names the kind of failure,
-// never the underlying error text (which can carry URLs).
+// never the underlying error text (which can carry URLs) nor the host.
 func (c *Client) transportError(err error) *contract.Error {
-	var dnsErr *net.DNSError
-	var opErr *net.OpError
-	var netErr net.Error
-	reason := "the connection failed"
-	switch {
-	case errors.As(err, &dnsErr):
-		reason = "its host name does not resolve"
-	case isConnRefused(err):
-		reason = "the connection was refused"
-	case isConnReset(err), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		reason = "the connection was closed before an answer"
-	case errors.As(err, &opErr) && opErr.Op == "dial":
-		reason = "the connection could not be opened"
-	case errors.As(err, &netErr) && netErr.Timeout():
-		return contract.Wrap(contract.CodeTimeout, err, "ollama at %s timed out at the network level", c.base)
+	reason, timeout := upstream.TransportFailure(err)
+	if timeout {
+		return contract.Wrap(contract.CodeTimeout, err, "ollama timed out at the network level")
 	}
-	return contract.Wrap(contract.CodeProviderUnavailable, err, "ollama at %s is unavailable: %s", c.base, reason)
+	return contract.Wrap(contract.CodeProviderUnavailable, err, "ollama is unavailable: %s", reason)
 }
 
-// logCall writes one debug line per call: sizes, status, latency and the code. No content.
+// logCall writes one line per call: sizes, status, latency, the host and the code. No
+// content. A success is a debug line; a failure is a warning, because producers are told only
+// the code and a generic message, so this line is where an operator finds which host failed.
 // A logger on ctx (the worker puts the run's there) wins, so the line carries the run_id.
 func (c *Client) logCall(ctx context.Context, resp *http.Response, sent, received int, took time.Duration, err error) {
-	log := &c.log
-	if l := zerolog.Ctx(ctx); l != zerolog.DefaultContextLogger && l.GetLevel() != zerolog.Disabled {
-		log = l
-	}
+	log := upstream.Logger(ctx, &c.log)
 	ev := log.Debug()
+	if err != nil {
+		if _, ok := contract.AsError(err); ok {
+			ev = log.Warn()
+		} // a caller's cancellation stays a debug line: nothing failed
+	}
 	if !ev.Enabled() {
 		return
 	}
-	ev = ev.Int("request_bytes", sent).Int("response_bytes", received).Int64("latency_ms", took.Milliseconds())
+	ev = ev.Str("upstream", c.base).Int("request_bytes", sent).Int("response_bytes", received).Int64("latency_ms", took.Milliseconds())
 	if resp != nil {
 		ev = ev.Int("http_status", resp.StatusCode)
+		if id := upstream.RequestID(resp.Header); id != "" {
+			ev = ev.Str("upstream_request_id", id)
+		}
 	}
 	if err != nil {
 		if e, ok := contract.AsError(err); ok {
-			// The code only: the message may quote upstream's error body, and a proxy can echo
-			// the request (state, instructions) there. The message is in the attempt's detail
-			// in the reply and the record, where the request's content already lives.
 			ev = ev.Str("error_code", string(e.Code))
+			if resp == nil {
+				// Our own words (a transport failure, a timeout): no upstream text in them.
+				ev = ev.Str("error", e.Message)
+			}
+			// Otherwise the code only: the message may quote upstream's error body, and a
+			// proxy can echo the request (state, instructions) there. The message is in the
+			// attempt's detail in the reply and the record, where the request's content
+			// already lives.
 		} else {
 			ev = ev.Str("error", err.Error())
 		}
 	}
 	ev.Msg("ollama call")
-}
-
-// trimCode strips a "[SYS1_…] " prefix so a nested contract error reads as one message.
-func trimCode(msg string) string {
-	if len(msg) > 0 && msg[0] == '[' {
-		for i := 1; i < len(msg) && i < 40; i++ {
-			if msg[i] == ']' {
-				if i+2 <= len(msg) {
-					return msg[i+2:]
-				}
-				return msg[i+1:]
-			}
-		}
-	}
-	return msg
 }
 
 var _ provider.Provider = (*Client)(nil)

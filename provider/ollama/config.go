@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider/internal/upstream"
 )
 
 // DefaultTimeout is SYS1_TIMEOUT_MS's default.
@@ -59,24 +60,11 @@ func (c *Config) Validate() []error {
 	return errs
 }
 
-// parseBaseURL checks the base URL. Messages never echo credentials embedded in the URL.
+// parseBaseURL checks the base URL (http or https, a host, no query, no credentials).
+// Messages never echo credentials embedded in the URL.
 func (c *Config) parseBaseURL() (*url.URL, error) {
 	raw, variable := c.baseURL()
-	u, err := url.Parse(raw)
-	if err != nil {
-		return nil, fmt.Errorf("%s: not a valid URL", variable)
-	}
-	switch {
-	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("%s: %s: scheme must be http or https", variable, displayURL(u))
-	case u.Host == "":
-		return nil, fmt.Errorf("%s: %s: host is missing", variable, displayURL(u))
-	case u.RawQuery != "" || u.Fragment != "":
-		return nil, fmt.Errorf("%s: %s: must not have a query or fragment", variable, displayURL(u))
-	}
-	u.Path = strings.TrimRight(u.Path, "/")
-	u.RawPath = ""
-	return u, nil
+	return upstream.ParseBaseURL(raw, variable)
 }
 
 // timeout parses SYS1_TIMEOUT_MS.
@@ -90,10 +78,4 @@ func (c *Config) timeout() (time.Duration, error) {
 		return 0, fmt.Errorf("SYS1_TIMEOUT_MS: %q is not a whole number of milliseconds between 1 and 86400000", v)
 	}
 	return time.Duration(ms) * time.Millisecond, nil
-}
-
-// displayURL is a URL fit for messages and logs: scheme, host and path only, so credentials
-// in userinfo or query parameters never leak.
-func displayURL(u *url.URL) string {
-	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }

@@ -1,72 +1,16 @@
 package ollama
 
 import (
-	"bytes"
-	"errors"
-	"io"
-	"net/http"
+	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
-	"testing/iotest"
 	"time"
+
+	"github.com/sys1hq/sys1/provider/internal/upstream"
+	"github.com/sys1hq/sys1/provider/ollamatest"
 )
-
-func TestParseRetryAfter(t *testing.T) {
-	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	cases := []struct {
-		in   string
-		want time.Duration
-	}{
-		{"", 0},
-		{"3", 3 * time.Second},
-		{" 120 ", 2 * time.Minute},
-		{"0", 0},
-		{"-5", 0},
-		{"1.5", 0},
-		{"soon", 0},
-		{"999999999", maxRetryAfter},
-		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
-		{now.Add(-time.Minute).Format(http.TimeFormat), 0},
-		{"Sunday, 29-Nov-26 12:00:30 GMT", 30 * time.Second}, // RFC 850
-		{"Sun Nov 29 12:00:10 2026", 10 * time.Second},       // asctime
-		{now.Add(48 * time.Hour).Format(http.TimeFormat), maxRetryAfter},
-	}
-	for _, tc := range cases {
-		if got := parseRetryAfter(tc.in, now); got != tc.want {
-			t.Errorf("parseRetryAfter(%q) = %v, want %v", tc.in, got, tc.want)
-		}
-	}
-	// an HTTP date has whole seconds: the hint rounds up, never early
-	if got := parseRetryAfter(now.Add(5*time.Second).Format(http.TimeFormat), now.Add(-300*time.Millisecond)); got != 6*time.Second {
-		t.Errorf("sub-second rounding: %v, want 6s", got)
-	}
-}
-
-func TestErrorMessageShapes(t *testing.T) {
-	cases := []struct{ name, body, want string }{
-		{"ollama", `{"error":"model 'x' not found"}`, "model 'x' not found"},
-		{"llama-server", `{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}`,
-			"the request exceeds the available context size (exceed_context_size_error, 400)"},
-		{"openai string code", `{"error":{"message":"Rate limit","type":"requests","code":"rate_limit_exceeded"}}`, "Rate limit (requests, rate_limit_exceeded)"},
-		{"fastapi string", `{"detail":"Not authenticated"}`, "Not authenticated"},
-		{"fastapi validation", `{"detail":[{"loc":["body","questions"],"msg":"field required","type":"value_error.missing"},{"loc":["body","state"],"msg":"bad","type":"x"}]}`,
-			"body.questions: field required (value_error.missing); body.state: bad (x)"},
-		{"detail object", `{"detail":{"reason":"quota"}}`, `{"reason":"quota"}`},
-		{"message only", `{"message":"upstream down"}`, "upstream down"},
-		{"plain text", "502 Bad Gateway\r\n<html>\n</html>", "502 Bad Gateway <html> </html>"},
-		{"empty", "  ", ""},
-		{"json without known fields", `{"status":"x"}`, `{"status":"x"}`},
-	}
-	for _, tc := range cases {
-		if got := errorMessage([]byte(tc.body)); got != tc.want {
-			t.Errorf("%s: errorMessage = %q, want %q", tc.name, got, tc.want)
-		}
-	}
-	long := errorMessage(bytes.Repeat([]byte("é"), 5000))
-	if len(long) > maxUpstreamText+len("…") || !strings.HasSuffix(long, "…") || !strings.HasPrefix(long, "éé") {
-		t.Errorf("long text not bounded on a rune boundary: %d bytes", len(long))
-	}
-}
 
 func TestSemverPrecedence(t *testing.T) {
 	ordered := []string{"0.0.0", "0.34.9", "0.35.0-alpha", "0.35.0-alpha.1", "0.35.0-alpha.beta", "0.35.0-beta.2", "0.35.0-beta.11", "0.35.0-rc1", "0.35.0", "0.35.1", "0.40.12", "1.0.0"}
@@ -100,55 +44,18 @@ func TestSemverPrecedence(t *testing.T) {
 	}
 }
 
-func TestReadBounded(t *testing.T) {
-	body := bytes.Repeat([]byte("x"), 100)
-	for _, announced := range []int64{-1, 100} {
-		got, err := readBounded(bytes.NewReader(body), announced, 100)
-		if err != nil || len(got) != 100 {
-			t.Errorf("announced %d: %d bytes, %v", announced, len(got), err)
-		}
-		got, err = readBounded(iotest.HalfReader(bytes.NewReader(body)), announced, 99)
-		if !errors.Is(err, errTooLarge) || len(got) != 99 {
-			t.Errorf("announced %d over the limit: %d bytes, %v", announced, len(got), err)
-		}
-	}
-	if _, err := readBounded(iotest.ErrReader(io.ErrUnexpectedEOF), -1, 10); !errors.Is(err, io.ErrUnexpectedEOF) {
-		t.Errorf("read error lost: %v", err)
-	}
-}
-
-func TestTransportPoolSizedToConcurrency(t *testing.T) {
-	tr := newTransport(64)
-	if tr.MaxIdleConnsPerHost < 64 || tr.MaxIdleConns < 64 || tr.MaxConnsPerHost != 0 {
-		t.Fatalf("pool: idle/host %d idle %d max/host %d", tr.MaxIdleConnsPerHost, tr.MaxIdleConns, tr.MaxConnsPerHost)
-	}
-}
-
-func TestTrimCode(t *testing.T) {
-	for in, want := range map[string]string{
-		"[SYS1_UPSTREAM_ERROR] answers.x: missing": "answers.x: missing",
-		"plain":          "plain",
-		"[not closed":    "[not closed",
-		"[SYS1_TIMEOUT]": "",
-	} {
-		if got := trimCode(in); got != want {
-			t.Errorf("trimCode(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
-// TestUpstreamTextRedactsAKeyCutByTheBound: a key that straddles the maxUpstreamText cut
+// TestUpstreamTextRedactsAKeyCutByTheBound: a key that straddles the upstream.MaxText cut
 // must not survive as its first bytes (which no longer match the whole key).
 func TestUpstreamTextRedactsAKeyCutByTheBound(t *testing.T) {
 	const key = "sk-sys1-0123456789abcdefghijklmnopqrstuvwxyz"
 	c := &Client{apiKey: Secret(key)}
-	filler := strings.Repeat("x", maxUpstreamText-30) + " "
+	filler := strings.Repeat("x", upstream.MaxText-30) + " "
 	for _, body := range []string{
 		filler + "Bearer " + key,
 		`{"error":"` + filler + "invalid api key " + key + `"}`,
 	} {
 		got := c.upstreamText([]byte(body))
-		if len(got) > maxUpstreamText+len("…") {
+		if len(got) > upstream.MaxText+len("…") {
 			t.Fatalf("not bounded: %d bytes", len(got))
 		}
 		if strings.Contains(got, key[:8]) {
@@ -181,4 +88,71 @@ func TestBaseURLDefaultsToLocalOllama(t *testing.T) {
 			t.Errorf("%+v: endpoint %s, want %s/v1/systemone", tc.cfg, c.endpoint, tc.want)
 		}
 	}
+}
+
+// Upstream text producers see loses the base URL and host as well as the key: a proxy's
+// error page often names the backend it could not reach.
+func TestUpstreamTextRedactsTheHost(t *testing.T) {
+	c, err := New(Config{BaseURL: "http://ollama.internal:11434/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.upstreamText([]byte(`<html>502: upstream http://ollama.internal:11434 (ollama.internal:11434) down</html>`))
+	if strings.Contains(got, "ollama.internal") || !strings.Contains(got, "[REDACTED]") {
+		t.Fatalf("upstreamText = %q", got)
+	}
+}
+
+// A digest is trusted for DigestTTL: a model replaced under the same name gets its new digest
+// once the TTL has passed, and concurrent lookups share one read.
+func TestModelDigestFollowsAReplacedModel(t *testing.T) {
+	srv := ollamatest.New(t, ollamatest.WithModels("nimble:latest"))
+	c, err := New(Config{BaseURL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	now := time.Unix(1_800_000_000, 0)
+	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if d, err := c.ModelDigest(context.Background(), "nimble"); err != nil || d != fmt.Sprintf("%064x", 1) {
+				t.Errorf("digest %q, %v", d, err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := countPath(srv, "/api/tags"); n != 1 {
+		t.Fatalf("%d tag reads for 8 concurrent lookups", n)
+	}
+	srv.SetModels("other", "nimble:latest") // nimble now has another digest (the fake's is by position)
+	advance(DigestTTL - time.Millisecond)
+	if d, _ := c.ModelDigest(context.Background(), "nimble"); d != fmt.Sprintf("%064x", 1) {
+		t.Fatalf("within the TTL: %q", d)
+	}
+	advance(time.Millisecond)
+	if d, _ := c.ModelDigest(context.Background(), "nimble"); d != fmt.Sprintf("%064x", 2) {
+		t.Fatalf("after the TTL the new digest must show: %q", d)
+	}
+	// a probe refreshes the digests too
+	srv.SetModels("nimble:latest")
+	if !c.Probe(context.Background()).Healthy() {
+		t.Fatal("unhealthy")
+	}
+	if d, _ := c.ModelDigest(context.Background(), "nimble"); d != fmt.Sprintf("%064x", 1) {
+		t.Fatalf("after a probe: %q", d)
+	}
+}
+
+func countPath(srv *ollamatest.Server, path string) int {
+	n := 0
+	for _, r := range srv.Requests() {
+		if r.Path == path {
+			n++
+		}
+	}
+	return n
 }

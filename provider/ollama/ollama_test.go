@@ -574,3 +574,105 @@ func TestKeepAlivePoolReusesConnections(t *testing.T) {
 		t.Fatalf("calls %d, max concurrent %d", srv.Calls(), srv.MaxConcurrent())
 	}
 }
+
+// Issue 17 §6: what producers see (the error in the reply and the record, the attempt's
+// detail) names the provider and the kind of failure, never its host; the host is in the
+// adapter's log line, where operators look.
+func TestErrorsNameNoHostButTheLogDoes(t *testing.T) {
+	srv := ollamatest.New(t)
+	var logs bytes.Buffer
+	log := zerolog.New(&logs).Level(zerolog.InfoLevel)
+	c := newClient(t, srv.URL(), ollama.Config{TimeoutMS: "100"}, ollama.WithLogger(log))
+	host := strings.TrimPrefix(srv.URL(), "http://")
+	req := resolved(t, ordered, "")
+	faults := []ollamatest.Fault{
+		ollamatest.Status(400), ollamatest.Status(404), ollamatest.Status(413), ollamatest.Busy(503, "2"),
+		ollamatest.Status(500), ollamatest.Status(401), ollamatest.Redirect(307, srv.URL()+"/v1/systemone"),
+		ollamatest.Malformed(ollamatest.MalformedBadSum), ollamatest.Drop(), ollamatest.Hang(),
+		// a proxy whose error page names the backend
+		ollamatest.Body(502, "text/html", "<html>cannot reach "+srv.URL()+" ("+host+")</html>"),
+	}
+	for _, f := range faults {
+		srv.Fail(1, f)
+		_, err := c.Evaluate(context.Background(), req)
+		if err == nil {
+			t.Fatalf("%+v: no error", f)
+		}
+		if strings.Contains(err.Error(), host) || strings.Contains(err.Error(), "127.0.0.1") {
+			t.Errorf("the error producers see names the host: %v", err)
+		}
+	}
+	closed := ollamatest.NewServer()
+	closedHost := strings.TrimPrefix(closed.URL(), "http://")
+	closed.Close()
+	down := newClient(t, closed.URL(), ollama.Config{}, ollama.WithLogger(log))
+	_, err := down.Evaluate(context.Background(), req)
+	if e, ok := contract.AsError(err); !ok || e.Code != contract.CodeProviderUnavailable || e.Message != "[SYS1_PROVIDER_UNAVAILABLE] ollama is unavailable: the connection was refused" {
+		t.Fatalf("got %v", err)
+	}
+	probe := down.Probe(context.Background())
+	if strings.Contains(strings.Join(probe.Problems, " "), closedHost) || probe.Endpoint != closed.URL() {
+		t.Errorf("probe: problems %q, endpoint %q", probe.Problems, probe.Endpoint)
+	}
+	// every failure left a warning that names the host it happened at
+	var warned int
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var ev struct {
+			Level, Upstream, ErrorCode string
+		}
+		var raw map[string]any
+		if err := json.Unmarshal([]byte(line), &raw); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		ev.Level, _ = raw["level"].(string)
+		ev.Upstream, _ = raw["upstream"].(string)
+		ev.ErrorCode, _ = raw["error_code"].(string)
+		if ev.Level == "warn" && ev.ErrorCode != "" && (ev.Upstream == srv.URL() || ev.Upstream == closed.URL()) {
+			warned++
+		}
+	}
+	if warned != len(faults)+1 {
+		t.Fatalf("%d warnings naming the host for %d failures:\n%s", warned, len(faults)+1, logs.String())
+	}
+	if !strings.Contains(logs.String(), `"error":"[SYS1_PROVIDER_UNAVAILABLE] ollama is unavailable: the connection was refused"`) {
+		t.Errorf("a transport failure's reason is missing from its log line:\n%s", logs.String())
+	}
+}
+
+func TestModelDigest(t *testing.T) {
+	srv := ollamatest.New(t, ollamatest.WithModels("other:7b", "nimble:latest"))
+	c := newClient(t, srv.URL(), ollama.Config{})
+	var digester provider.ModelDigester = c // Ollama implements the optional interface
+	d, err := digester.ModelDigest(context.Background(), "nimble")
+	if err != nil || d != fmt.Sprintf("%064x", 2) {
+		t.Fatalf("digest of nimble = %q, %v", d, err)
+	}
+	if d2, _ := c.ModelDigest(context.Background(), "other:7b"); d2 != fmt.Sprintf("%064x", 1) {
+		t.Fatalf("digest of other:7b = %q", d2)
+	}
+	_, err = c.ModelDigest(context.Background(), "missing")
+	if e, ok := contract.AsError(err); !ok || e.Code != contract.CodeModelUnavailable {
+		t.Fatalf("unknown model: %v", err)
+	}
+	tags := 0
+	for _, r := range srv.Requests() {
+		if r.Path == "/api/tags" {
+			tags++
+		}
+	}
+	if tags != 1 {
+		t.Fatalf("%d reads of /api/tags for three digests within the TTL, want 1", tags)
+	}
+	// unreachable: a provider error, never a made-up digest
+	closed := ollamatest.NewServer()
+	closed.Close()
+	_, err = newClient(t, closed.URL(), ollama.Config{}).ModelDigest(context.Background(), "nimble")
+	if e, ok := contract.AsError(err); !ok || e.Code != contract.CodeProviderUnavailable {
+		t.Fatalf("unreachable: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := newClient(t, srv.URL(), ollama.Config{}).ModelDigest(ctx, "nimble"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: %v", err)
+	}
+}
