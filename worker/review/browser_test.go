@@ -150,7 +150,7 @@ func TestReviewInBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`.login button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`table.items`)))
 
-	if queue := text(`table.items`);  !strings.Contains(queue, "label") || !strings.Contains(queue, `q<img src=x onerror="window.__pwned=2">`) {
+	if queue := text(`table.items`); !strings.Contains(queue, "label") || !strings.Contains(queue, `q<img src=x onerror="window.__pwned=2">`) {
 		t.Fatalf("the queue lacks the items:\n%s", queue)
 	}
 
