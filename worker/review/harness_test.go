@@ -165,7 +165,9 @@ func (h *harness) publishRaw(subject string, b []byte) uint64 {
 // waitIndexed waits until the index holds item id.
 func (h *harness) waitIndexed(id string) {
 	h.t.Helper()
-	natstest.WaitFor(h.t, 10*time.Second, "item "+id+" in the index", func() bool {
+	// Generous: a 10 MB item takes seconds to read and decode under the race detector on a
+	// busy 2-core machine.
+	natstest.WaitFor(h.t, time.Minute, "item "+id+" in the index", func() bool {
 		_, _, ok := h.rs.idx.item(id)
 		return ok
 	})

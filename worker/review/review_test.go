@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -112,8 +113,7 @@ func TestReviewLoginWrongPasswordAndThrottle(t *testing.T) {
 	if strings.Contains(h.logs.String(), "guess") || strings.Contains(h.logs.String(), testUsers["alice"]) {
 		t.Errorf("a password reached the log:\n%s", h.logs.String())
 	}
-	// Another reviewer from another address is not held up by alice's failures... but this
-	// one shares the address, so it waits too.
+	// The client address is throttled too: bob, from the same address, waits as well.
 	if res := h.client().login("bob", testUsers["bob"]); res.status != http.StatusTooManyRequests {
 		t.Errorf("same address, other user: %d, want 429 (the address is throttled)", res.status)
 	}
@@ -686,4 +686,37 @@ func TestReviewDeletedLabelReopensItem(t *testing.T) {
 		t.Fatal(err)
 	}
 	natstest.WaitFor(t, 5*time.Second, "the item pending again", func() bool { return len(h.rs.idx.pending(query{})) == 1 })
+}
+
+// TestReviewUsersFileReloads: a reviewer added to the file can sign in without a restart; a
+// bad edit is refused with an error log and the last good file stays in force.
+func TestReviewUsersFileReloads(t *testing.T) {
+	h := newHarness(t, harnessOpts{configure: func(c *Config) { c.UsersReload = 10 * time.Millisecond }})
+	if res := h.client().login("zoe", "zoe-password"); res.status != http.StatusUnauthorized {
+		t.Fatalf("zoe before being added: %d", res.status)
+	}
+	line, err := HashPassword("zoe", "zoe-password")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := os.ReadFile(h.cfg.UsersFile)
+	if err := os.WriteFile(h.cfg.UsersFile, append(old, line+"\n"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, 10*time.Second, "the reload", func() bool { return h.rs.users.Current().Has("zoe") })
+	if res := h.client().login("zoe", "zoe-password"); res.status != http.StatusSeeOther {
+		t.Fatalf("zoe after being added: %d", res.status)
+	}
+	if err := os.WriteFile(h.cfg.UsersFile, append(old, "mallory:plaintext\n"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, 10*time.Second, "the refusal", func() bool {
+		return strings.Contains(h.logs.String(), "reviewers file edit refused")
+	})
+	if !h.rs.users.Current().Has("zoe") || h.rs.users.Current().Has("mallory") {
+		t.Error("a bad edit replaced the last good users")
+	}
+	if strings.Contains(h.logs.String(), "plaintext") {
+		t.Error("the log quotes the bad line's hash")
+	}
 }

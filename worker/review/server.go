@@ -58,13 +58,15 @@ type Config struct {
 	RecoverAfter, RecoverEvery time.Duration
 	// MaxItemBytes bounds what the item reader buffers (at least the largest item).
 	MaxItemBytes int
+	// UsersReload is how often the users file is checked for changes.
+	UsersReload time.Duration
 }
 
 // DefaultConfig is the configuration with every default in place.
 func DefaultConfig() Config {
 	return Config{Addr: "127.0.0.1:8090", SessionTTL: 12 * time.Hour, StateLimit: 64 << 10, InstructionsLimit: 16 << 10,
 		Topology: topology.Default(), SessionsBucket: "sys1-review-sessions",
-		RecoverAfter: 30 * time.Second, RecoverEvery: 10 * time.Second, MaxItemBytes: 8 << 20}
+		RecoverAfter: 30 * time.Second, RecoverEvery: 10 * time.Second, MaxItemBytes: 8 << 20, UsersReload: 2 * time.Second}
 }
 
 // CheckListen refuses a listen address reachable from other machines when there is no TLS:
@@ -176,7 +178,7 @@ func (s *Server) Run(ctx context.Context) {
 	run(func() { s.idx.pruneAged(ctx, s.js, s.cfg.Topology.ReviewStream, time.Minute) })
 	run(func() { s.lab.recoverLoop(ctx, s.cfg.RecoverEvery) })
 	run(func() {
-		s.users.Watch(ctx, 2*time.Second, func(u Users) {
+		s.users.Watch(ctx, s.cfg.UsersReload, func(u Users) {
 			s.log.Info().Str("file", s.cfg.UsersFile).Int("users", u.Len()).Msg("reviewers file reloaded")
 		}, func(err error) {
 			s.log.Error().Err(err).Str("file", s.cfg.UsersFile).Msg("reviewers file edit refused; the last good version stays in force")
