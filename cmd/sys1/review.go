@@ -1,0 +1,166 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sys1hq/sys1/worker/natsconn"
+	"github.com/sys1hq/sys1/worker/review"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+func init() {
+	register(command{name: "review", summary: "serve the review page where people label abstained answers", run: runReview})
+}
+
+// stdin is where --hash-password reads the password (a variable for tests).
+var stdin io.Reader = os.Stdin
+
+// ReviewConfig is the review page's environment. The listen address is the --http flag.
+type ReviewConfig struct {
+	UsersFile      string        `env:"SYS1_REVIEW_USERS"`
+	TLSCert        string        `env:"SYS1_REVIEW_TLS_CERT"`
+	TLSKey         string        `env:"SYS1_REVIEW_TLS_KEY"`
+	SessionTTL     time.Duration `env:"SYS1_REVIEW_SESSION_TTL" envDefault:"12h"`
+	StateLimit     int           `env:"SYS1_REVIEW_STATE_LIMIT" envDefault:"65536"`
+	SessionsBucket string        `env:"SYS1_REVIEW_SESSIONS_BUCKET" envDefault:"sys1-review-sessions"`
+}
+
+// Validate checks every variable, the users file and the certificate included, so a bad
+// deployment fails at start with every problem named.
+func (c *ReviewConfig) Validate() []error {
+	var errs []error
+	if c.UsersFile == "" {
+		errs = append(errs, errors.New("SYS1_REVIEW_USERS is not set: name an htpasswd file of bcrypt hashes (create lines with `sys1 review --hash-password NAME` or `htpasswd -B -C 12`)"))
+	} else if data, err := os.ReadFile(c.UsersFile); err != nil {
+		errs = append(errs, fmt.Errorf("SYS1_REVIEW_USERS: %v", err))
+	} else if _, err := review.ParseUsers(data); err != nil {
+		errs = append(errs, fmt.Errorf("SYS1_REVIEW_USERS: %s: %v", c.UsersFile, err))
+	}
+	switch {
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		errs = append(errs, errors.New("SYS1_REVIEW_TLS_CERT and SYS1_REVIEW_TLS_KEY: set both or neither"))
+	case c.TLSCert != "":
+		if _, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey); err != nil {
+			errs = append(errs, fmt.Errorf("SYS1_REVIEW_TLS_CERT: cannot load the certificate and key: %v", err))
+		}
+	}
+	if c.SessionTTL < time.Minute || c.SessionTTL > 30*24*time.Hour {
+		errs = append(errs, fmt.Errorf("SYS1_REVIEW_SESSION_TTL: must be between 1m and 720h, got %s", c.SessionTTL))
+	}
+	if c.StateLimit < 1024 || c.StateLimit > 8<<20 {
+		errs = append(errs, fmt.Errorf("SYS1_REVIEW_STATE_LIMIT: must be between 1024 and %d bytes, got %d", 8<<20, c.StateLimit))
+	}
+	if c.SessionsBucket == "" || strings.ContainsFunc(c.SessionsBucket, func(r rune) bool {
+		return !(r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+	}) {
+		errs = append(errs, fmt.Errorf("SYS1_REVIEW_SESSIONS_BUCKET: %q is not a valid JetStream name (letters, digits, - and _ only)", c.SessionsBucket))
+	}
+	return errs
+}
+
+func reviewUsage(w io.Writer) {
+	fmt.Fprint(w, `usage: sys1 review [--http 127.0.0.1:8090]
+       sys1 review --hash-password NAME   (reads the password from standard input, prints an htpasswd line)
+
+Serves the review page. Configuration is by environment: SYS1_REVIEW_USERS (htpasswd file,
+bcrypt only; required), SYS1_REVIEW_TLS_CERT and SYS1_REVIEW_TLS_KEY (HTTPS; without them only
+a loopback address may be used), SYS1_REVIEW_SESSION_TTL, SYS1_REVIEW_STATE_LIMIT,
+SYS1_REVIEW_SESSIONS_BUCKET, and the NATS and stream settings (SYS1_NATS_*, SYS1_REVIEW_STREAM,
+SYS1_LABELS_STREAM, SYS1_REVIEW_BUCKET). See README.md.
+
+flags:
+`)
+}
+
+func runReview(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("review", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { reviewUsage(stderr); fs.PrintDefaults() }
+	addr := fs.String("http", "127.0.0.1:8090", "listen address of the review page")
+	hashFor := fs.String("hash-password", "", "print an htpasswd line for this user name (password read from standard input) and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sys1 review: unexpected argument %q\n", fs.Arg(0))
+		fs.Usage()
+		return exitUsage
+	}
+	if *hashFor != "" {
+		return hashPassword(*hashFor, stdout, stderr)
+	}
+
+	var (
+		logCfg  LogConfig
+		natsCfg = natsconn.DefaultConfig()
+		topo    topology.Config
+		cfg     ReviewConfig
+	)
+	natsCfg.URL = defaultClientURL // a client of the workers' NATS, never an embedded server
+	listenCheck := check(func() []error {
+		if err := review.CheckListen(*addr, cfg.TLSCert != "" && cfg.TLSKey != ""); err != nil {
+			return []error{fmt.Errorf("--http: %v", err)}
+		}
+		return nil
+	})
+	if err := loadConfig(&logCfg, &natsCfg, &topo, &cfg, listenCheck); err != nil {
+		fmt.Fprintln(stderr, "sys1 review:", err)
+		return exitUsage
+	}
+	log := newLogger(stderr, logCfg, "review")
+	host, _ := os.Hostname()
+	nc, err := natsconn.Connect(ctx, natsCfg, "sys1-review "+host, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			log.Info().Msg("review page stopped before connecting to NATS")
+			return exitOK
+		}
+		log.Error().Err(err).Str("nats_url", natsconn.RedactURLs(natsCfg.URL)).Msg("cannot connect to NATS")
+		return exitUsage
+	}
+	defer nc.Close()
+
+	rc := review.DefaultConfig()
+	rc.Addr, rc.TLSCertFile, rc.TLSKeyFile, rc.UsersFile = *addr, cfg.TLSCert, cfg.TLSKey, cfg.UsersFile
+	rc.SessionTTL, rc.StateLimit, rc.SessionsBucket, rc.Topology = cfg.SessionTTL, cfg.StateLimit, cfg.SessionsBucket, topo
+	rc.MaxItemBytes = max(int(topo.MaxMsgSize), int(nc.NC.MaxPayload()))
+	srv, err := review.New(ctx, nc.JS, rc, log)
+	if err != nil {
+		log.Error().Err(err).Msg("cannot start the review page")
+		return exitUsage
+	}
+	if err := srv.ListenAndServe(ctx); err != nil {
+		log.Error().Err(err).Msg("review page failed")
+		return exitFailed
+	}
+	return exitOK
+}
+
+// hashPassword prints "name:bcrypt-hash" for the password on the first line of stdin.
+func hashPassword(name string, stdout, stderr io.Writer) int {
+	line, err := bufio.NewReader(io.LimitReader(stdin, 4096)).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		fmt.Fprintln(stderr, "sys1 review --hash-password: reading the password:", err)
+		return exitUsage
+	}
+	password := strings.TrimRight(line, "\r\n")
+	out, err := review.HashPassword(name, password)
+	if err != nil {
+		fmt.Fprintln(stderr, "sys1 review --hash-password:", err)
+		return exitUsage
+	}
+	fmt.Fprintln(stdout, out)
+	return exitOK
+}
