@@ -10,7 +10,7 @@ import (
 // alone; Calibrate adds the before and after metrics, as `sys1 calibrate` runs it.
 func BenchmarkFitTemperature10k(b *testing.B) {
 	for _, typ := range allTypes {
-		samples, _ := synthetic(typ, 10_000, 2.5, 1)
+		samples, _ := synth(typ, 10_000, 2.5, 1)
 		b.Run(string(typ), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -23,7 +23,7 @@ func BenchmarkFitTemperature10k(b *testing.B) {
 }
 
 func BenchmarkCalibrate10k(b *testing.B) {
-	samples, _ := synthetic(contract.TypeChoice, 10_000, 2.5, 1)
+	samples, _ := synth(contract.TypeChoice, 10_000, 2.5, 1)
 	g := group(contract.TypeChoice, samples)
 	o := Options{Measure: MeasureOptions{Thresholds: []float64{0.5, 0.7, 0.9}, ThresholdOn: OnConfidence}}
 	b.ReportAllocs()

@@ -33,7 +33,7 @@ func TestSyntheticTruth(t *testing.T) {
 	for _, typ := range allTypes {
 		for _, distort := range []float64{2.5, 0.6, 1} {
 			t.Run(fmt.Sprintf("%s/T=%g", typ, distort), func(t *testing.T) {
-				samples, truth := synthetic(typ, n, distort, seed)
+				samples, truth := synth(typ, n, distort, seed)
 				f, err := Calibrate(group(typ, samples), Options{Measure: MeasureOptions{Thresholds: []float64{0.5, 0.7, 0.9}, ThresholdOn: OnProbability}})
 				if err != nil {
 					t.Fatal(err)
@@ -79,14 +79,14 @@ func TestSyntheticTruth(t *testing.T) {
 func TestSyntheticManySeeds(t *testing.T) {
 	for _, typ := range allTypes {
 		for seed := uint64(1); seed <= 20; seed++ {
-			base, truth := synthetic(typ, 2000, 1, seed)
+			base, truth := synth(typ, 2000, 1, seed)
 			fitBase, err := FitTemperature(base)
 			if err != nil {
 				t.Fatal(err)
 			}
 			truthECE := MeasureRaw(typ, truth, MeasureOptions{}).ECE
 			for _, distort := range []float64{2.5, 0.6} {
-				samples, _ := synthetic(typ, 2000, distort, seed)
+				samples, _ := synth(typ, 2000, distort, seed)
 				fit, err := FitTemperature(samples)
 				if err != nil {
 					t.Fatal(err)
@@ -127,7 +127,7 @@ func TestSyntheticSeedSweep(t *testing.T) {
 			passT, passE := 0, 0
 			worstGap := 0.0
 			for seed := uint64(1); seed <= seeds; seed++ {
-				samples, truth := synthetic(typ, 2000, distort, seed)
+				samples, truth := synth(typ, 2000, distort, seed)
 				fit, err := FitTemperature(samples)
 				if err != nil {
 					t.Fatal(err)
@@ -208,7 +208,7 @@ func TestFitBounds(t *testing.T) {
 // lower, and the NLL at T matches MeasureCalibrated's.
 func TestFitIsTheMinimum(t *testing.T) {
 	for _, typ := range allTypes {
-		samples, _ := synthetic(typ, 500, 1.7, 7)
+		samples, _ := synth(typ, 500, 1.7, 7)
 		fit, err := FitTemperature(samples)
 		if err != nil {
 			t.Fatal(err)
@@ -229,7 +229,7 @@ func TestFitIsTheMinimum(t *testing.T) {
 }
 
 func TestCalibrateRefuses(t *testing.T) {
-	samples, _ := synthetic(contract.TypeChoice, 49, 1, 3)
+	samples, _ := synth(contract.TypeChoice, 49, 1, 3)
 	g := group(contract.TypeChoice, samples)
 	g.Skipped = map[SkipReason]int{SkipBadProbability: 4}
 	_, err := Calibrate(g, Options{})
@@ -257,7 +257,7 @@ func TestCalibrateRefuses(t *testing.T) {
 }
 
 func TestCalibrateRecordsWindow(t *testing.T) {
-	samples, _ := synthetic(contract.TypeScore, 100, 1.3, 5)
+	samples, _ := synth(contract.TypeScore, 100, 1.3, 5)
 	since := time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)
 	until := since.Add(30 * 24 * time.Hour)
 	now := until.Add(time.Minute)

@@ -71,7 +71,7 @@ func TestMeasureNoul(t *testing.T) {
 }
 
 func TestMeasureCalibratedMatchesApply(t *testing.T) {
-	samples, _ := synthetic(contract.TypeChoice, 300, 2, 11)
+	samples, _ := synth(contract.TypeChoice, 300, 2, 11)
 	const T = 1.8
 	got := MeasureCalibrated(contract.TypeChoice, samples, T, MeasureOptions{Thresholds: []float64{0.3}, ThresholdOn: OnConfidence})
 	// The same answers through Apply, measured raw: identical figures.
