@@ -12,7 +12,7 @@ func choiceAnswer(probs ...contract.Probability) *contract.Answer {
 	return &contract.Answer{Name: "label", Type: contract.TypeChoice, Probabilities: probs}
 }
 
-func TestApplyChoiceFormula(t *testing.T) {
+func TestCalibrationApplyChoiceFormula(t *testing.T) {
 	f := &Fit{Type: contract.TypeChoice, Temperature: 2, Question: "label"}
 	// Arrival order is kept, whatever the probabilities.
 	a := choiceAnswer(contract.Probability{Key: "bug", P: 0.2}, contract.Probability{Key: "billing", P: 0.7}, contract.Probability{Key: "account", P: 0.1})
@@ -40,7 +40,7 @@ func TestApplyChoiceFormula(t *testing.T) {
 	}
 }
 
-func TestApplyIdentityAndTies(t *testing.T) {
+func TestCalibrationApplyIdentityAndTies(t *testing.T) {
 	a := &contract.Answer{Type: contract.TypeScore, Probabilities: []contract.Probability{{Key: "0", P: 0.1}, {Key: "1", P: 0.6}, {Key: "2", P: 0.3}}}
 	c, err := ApplyTemperature(1, a)
 	if err != nil {
@@ -68,7 +68,7 @@ func TestApplyIdentityAndTies(t *testing.T) {
 	}
 }
 
-func TestApplyNoul(t *testing.T) {
+func TestCalibrationApplyNoul(t *testing.T) {
 	f := &Fit{Type: contract.TypeNoul, Temperature: 2}
 	c, err := Apply(f, &contract.Answer{Type: contract.TypeNoul, Noul: 0.9})
 	if err != nil {
@@ -91,7 +91,7 @@ func TestApplyNoul(t *testing.T) {
 	}
 }
 
-func TestApplyRefuses(t *testing.T) {
+func TestCalibrationApplyRefuses(t *testing.T) {
 	good := choiceAnswer(contract.Probability{Key: "a", P: 0.6}, contract.Probability{Key: "b", P: 0.4})
 	for _, tc := range []struct {
 		name string

@@ -25,10 +25,10 @@ func group(typ contract.QuestionType, samples []Sample) Group {
 //
 // With 2,000 labels these criteria sit at the sampling noise: T is estimated to about ±2.5%
 // and a perfectly calibrated model's own ECE over 15 bins is 0.01–0.02, so they hold for some
-// seeds and not others (TestSyntheticSeedSweep, 200 seeds: T within 5% for 80% (noul) to 96%
+// seeds and not others (TestCalibrationSyntheticSeedSweep, 200 seeds: T within 5% for 80% (noul) to 96%
 // (score) of them, ECE after < 0.02 for 56% (score) to 100% (noul)). Seed 2 is the first seed of 1–30 for which all nine cases meet
-// them (6 of those 30 do). What holds for every seed is tested by TestSyntheticManySeeds.
-func TestSyntheticTruth(t *testing.T) {
+// them (6 of those 30 do). What holds for every seed is tested by TestCalibrationSyntheticManySeeds.
+func TestCalibrationSyntheticTruth(t *testing.T) {
 	const n, seed = 2000, 2
 	for _, typ := range allTypes {
 		for _, distort := range []float64{2.5, 0.6, 1} {
@@ -71,12 +71,12 @@ func TestSyntheticTruth(t *testing.T) {
 	}
 }
 
-// TestSyntheticManySeeds checks, over 20 seeds, what must hold whatever the sample: fitting
+// TestCalibrationSyntheticManySeeds checks, over 20 seeds, what must hold whatever the sample: fitting
 // labels distorted by d gives d times the temperature fitted to the undistorted labels (the
 // fit is exact; its only error is the sample's), T is within 12% (about 4 standard errors),
 // and the calibrated ECE is within 0.015 of the ECE of the true probabilities on the same
 // labels (calibration reaches the noise floor).
-func TestSyntheticManySeeds(t *testing.T) {
+func TestCalibrationSyntheticManySeeds(t *testing.T) {
 	for _, typ := range allTypes {
 		for seed := uint64(1); seed <= 20; seed++ {
 			base, truth := synth(typ, 2000, 1, seed)
@@ -111,12 +111,12 @@ func TestSyntheticManySeeds(t *testing.T) {
 	}
 }
 
-// TestSyntheticSeedSweep runs the acceptance criteria over 200 seeds and prints how often each
+// TestCalibrationSyntheticSeedSweep runs the acceptance criteria over 200 seeds and prints how often each
 // holds. With 2,000 labels the criteria sit close to the sampling noise (a perfectly calibrated
 // model's own ECE over 15 bins is about 0.01–0.02, and T is estimated to about ±2.5%), so a
 // share of seeds miss them by chance; what must hold for every seed is that calibration brings
 // ECE close to that of the truth. Opt in: SYS1_CALIBRATION_SWEEP=1 (about 15 s).
-func TestSyntheticSeedSweep(t *testing.T) {
+func TestCalibrationSyntheticSeedSweep(t *testing.T) {
 	if os.Getenv("SYS1_CALIBRATION_SWEEP") != "1" {
 		t.Skip("set SYS1_CALIBRATION_SWEEP=1 to run the 200-seed sweep")
 	}
@@ -155,7 +155,7 @@ func TestSyntheticSeedSweep(t *testing.T) {
 	}
 }
 
-func TestFitBounds(t *testing.T) {
+func TestCalibrationFitBounds(t *testing.T) {
 	// Always right, yet never sure: the labels want T → 0.
 	var sure []Sample
 	for i := range 200 {
@@ -206,7 +206,7 @@ func TestFitBounds(t *testing.T) {
 
 // The fitted T is the minimum of the NLL: a brute-force scan over a fine grid finds nothing
 // lower, and the NLL at T matches MeasureCalibrated's.
-func TestFitIsTheMinimum(t *testing.T) {
+func TestCalibrationFitIsTheMinimum(t *testing.T) {
 	for _, typ := range allTypes {
 		samples, _ := synth(typ, 500, 1.7, 7)
 		fit, err := FitTemperature(samples)

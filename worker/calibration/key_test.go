@@ -17,7 +17,7 @@ func validKVKey(k string) bool {
 	return kvKey.MatchString(k) && !strings.HasPrefix(k, ".") && !strings.HasSuffix(k, ".") && !strings.Contains(k, "..")
 }
 
-func TestKey(t *testing.T) {
+func TestCalibrationKey(t *testing.T) {
 	for _, tc := range []struct{ model, caller, question, want string }{
 		{"nimble", "billing", "refund_requested", "nimble.billing.refund_requested"},
 		{"nimble:latest", "svc-a", "label", "nimble=3Alatest.svc-a.label"},
@@ -46,7 +46,7 @@ func TestKey(t *testing.T) {
 	}
 }
 
-func FuzzKey(f *testing.F) {
+func FuzzCalibrationKey(f *testing.F) {
 	f.Add("nimble:latest", "billing", "refund_requested")
 	f.Add("", "=", ".")
 	f.Add("a.b", "=3A", "\xff")
@@ -64,7 +64,7 @@ func FuzzKey(f *testing.F) {
 
 // FuzzParseKey: whatever ParseKey accepts is exactly what Key would write (one spelling per
 // triple), and nothing panics.
-func FuzzParseKey(f *testing.F) {
+func FuzzCalibrationParseKey(f *testing.F) {
 	f.Add("nimble=3Alatest.billing.label")
 	f.Add("m.=.q")
 	f.Add("a.b.=41")
@@ -90,7 +90,7 @@ func validFit() *Fit {
 	}
 }
 
-func TestEncodeDecode(t *testing.T) {
+func TestCalibrationEncodeDecode(t *testing.T) {
 	f := validFit()
 	b, err := Encode(f)
 	if err != nil {
@@ -149,7 +149,7 @@ func nanValue() float64 { var z float64; return z / z }
 
 // FuzzDecode: a corrupt value is an error, never a panic, and whatever decodes is a fit a
 // worker may apply.
-func FuzzDecode(f *testing.F) {
+func FuzzCalibrationDecode(f *testing.F) {
 	good, _ := Encode(validFit())
 	f.Add(validFit().Key(), good)
 	f.Add("m.c.q", []byte(`{"format":1,"model":"m","caller":"c","question":"q","type":"noul","temperature":0.05,"n":1}`))

@@ -10,7 +10,7 @@ import (
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
 
 // Four answers worked by hand.
-func TestMeasureByHand(t *testing.T) {
+func TestCalibrationMeasureByHand(t *testing.T) {
 	nan := math.NaN()
 	samples := []Sample{
 		{Probs: []float64{0.8, 0.1, 0.1}, Label: 0, Confidence: nan},   // top 0.8, right, bin 12
@@ -50,7 +50,7 @@ func TestMeasureByHand(t *testing.T) {
 	}
 }
 
-func TestMeasureNoul(t *testing.T) {
+func TestCalibrationMeasureNoul(t *testing.T) {
 	samples := []Sample{
 		{Probs: []float64{0.5, 0.5}, Label: 1}, // P = 0.5 counts as true (labelled_answers.predicted): right
 		{Probs: []float64{0.3, 0.7}, Label: 0}, // wrong
@@ -70,7 +70,7 @@ func TestMeasureNoul(t *testing.T) {
 	}
 }
 
-func TestMeasureCalibratedMatchesApply(t *testing.T) {
+func TestCalibrationMeasureCalibratedMatchesApply(t *testing.T) {
 	samples, _ := synth(contract.TypeChoice, 300, 2, 11)
 	const T = 1.8
 	got := MeasureCalibrated(contract.TypeChoice, samples, T, MeasureOptions{Thresholds: []float64{0.3}, ThresholdOn: OnConfidence})
@@ -97,7 +97,7 @@ func TestMeasureCalibratedMatchesApply(t *testing.T) {
 	}
 }
 
-func TestParseThresholds(t *testing.T) {
+func TestCalibrationParseThresholds(t *testing.T) {
 	got, err := ParseThresholds([]float64{0.7, 0.5, 0.7})
 	if err != nil || len(got) != 2 || got[0] != 0.5 || got[1] != 0.7 {
 		t.Errorf("ParseThresholds = %v, %v", got, err)

@@ -35,6 +35,7 @@ const (
 	SkipNoulKeys        SkipReason = "noul probabilities are not keyed false and true"
 	SkipUnknownType     SkipReason = "unknown question type"
 	SkipTypeChanged     SkipReason = "question type changed; only rows of the latest type are fitted"
+	SkipSuperseded      SkipReason = "an older label of a run and question labelled again later"
 )
 
 // SkipError is why NewSample refused a row.

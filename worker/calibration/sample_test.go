@@ -8,7 +8,7 @@ import (
 	"github.com/sys1hq/sys1/contract"
 )
 
-func TestNewSample(t *testing.T) {
+func TestCalibrationNewSample(t *testing.T) {
 	conf := 0.42
 	s, err := NewSample(contract.TypeChoice, []string{"bug", "billing"}, []float64{0.3, 0.7}, "billing", &conf)
 	if err != nil || s.Label != 1 || s.Probs[1] != 0.7 || s.Confidence != 0.42 || s.LabelName != "billing" {

@@ -33,7 +33,7 @@ func fitFor(model, caller, question string, T float64) *Fit {
 	return f
 }
 
-func TestStoreFollowsTheBucket(t *testing.T) {
+func TestCalibrationStoreFollowsTheBucket(t *testing.T) {
 	kv, ctx := bucket(t)
 	// Present before the store starts: loaded by NewStore itself.
 	if _, err := Put(ctx, kv, fitFor("nimble", "billing", "label", 1.5)); err != nil {
@@ -146,7 +146,7 @@ func TestStoreFollowsTheBucket(t *testing.T) {
 	}
 }
 
-func TestListReportsCorruptEntries(t *testing.T) {
+func TestCalibrationListReportsCorruptEntries(t *testing.T) {
 	kv, ctx := bucket(t)
 	if _, err := Put(ctx, kv, fitFor("nimble", "b", "q", 2)); err != nil {
 		t.Fatal(err)

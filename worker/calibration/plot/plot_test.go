@@ -14,7 +14,7 @@ import (
 	"github.com/sys1hq/sys1/worker/calibration/synthetic"
 )
 
-func TestWritePNG(t *testing.T) {
+func TestCalibrationWritePNG(t *testing.T) {
 	f := exampleFit(t)
 	var buf bytes.Buffer
 	if err := WritePNG(&buf, f); err != nil {
