@@ -308,7 +308,13 @@ func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, 
 			code = c
 		}
 	}
-	if len(rep.Fits) == 0 {
+	stored := 0
+	for _, r := range rep.Fits {
+		if r.Stored {
+			stored++
+		}
+	}
+	if len(rep.Fits) == 0 || (f.apply && stored == 0) {
 		code = exitFailed
 	}
 	if f.json {
@@ -327,6 +333,8 @@ func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, 
 			cfg.Database, since.UTC().Format(time.RFC3339), until.UTC().Format(time.RFC3339), describeFilters(q.filters()))
 	case len(rep.Fits) == 0:
 		fmt.Fprintf(stderr, "sys1 calibrate: no fit made (%d groups without one; see above)\n", len(rep.NoFit))
+	case f.apply && stored == 0:
+		fmt.Fprintf(stderr, "sys1 calibrate: no fit stored (none converged; see above)\n")
 	}
 	return code
 }

@@ -144,6 +144,15 @@ func labelsDB(t *testing.T, now time.Time) *chtest.DB {
 		rows = append(rows, labelRowIn{runID: fmt.Sprintf("flag-%d", i), caller: "ops", model: "nimble", question: "flag", typ: contract.TypeNoul,
 			labelledAt: start.Add(time.Duration(i) * time.Minute), label: "true", keys: []string{"false", "true"}, values: []float64{0.3, 0.7}})
 	}
+	// Always right, never more than 60% sure: the fit runs into the lower bound of T.
+	for i := range 60 {
+		r := labelRowIn{runID: fmt.Sprintf("sure-%d", i), caller: "billing", model: "nimble", question: "sure", typ: contract.TypeNoul,
+			labelledAt: start.Add(time.Duration(i) * time.Minute), label: "true", keys: []string{"false", "true"}, values: []float64{0.4, 0.6}}
+		if i%3 == 0 {
+			r.label, r.values = "false", []float64{0.6, 0.4}
+		}
+		rows = append(rows, r)
+	}
 	bad := func(id string, keys []string, values []float64, label string) labelRowIn {
 		return labelRowIn{runID: id, caller: "billing", model: "nimble", question: "label", typ: contract.TypeChoice, labelledAt: start.Add(time.Hour), label: label, keys: keys, values: values}
 	}
@@ -199,8 +208,8 @@ func TestCalibrateCommand(t *testing.T) {
 	for _, f := range rep.Fits {
 		fits[f.Key] = f
 	}
-	label, refund, gemma := fits["nimble.billing.label"], fits["nimble.billing.refund_requested"], fits["gemma.billing.label"]
-	if len(rep.Fits) != 3 || label.Fit == nil || refund.Fit == nil || gemma.Fit == nil {
+	label, refund, gemma, sure := fits["nimble.billing.label"], fits["nimble.billing.refund_requested"], fits["gemma.billing.label"], fits["nimble.billing.sure"]
+	if len(rep.Fits) != 4 || label.Fit == nil || refund.Fit == nil || gemma.Fit == nil || sure.Fit == nil {
 		t.Fatalf("fits: %s", out)
 	}
 	// 2,000 + 1 superseded synthetic rows + 6 unusable ones, none outside the window.
@@ -219,12 +228,16 @@ func TestCalibrateCommand(t *testing.T) {
 	if math.Abs(refund.Fit.Temperature-0.6)/0.6 > 0.1 || refund.Fit.Type != contract.TypeNoul || refund.Fit.N != 300 {
 		t.Errorf("refund fit: %+v", refund.Fit)
 	}
+	// A fit on a bound is reported, and would not be stored.
+	if sure.Fit.Converged || sure.Fit.Temperature != calibration.MinTemperature || !strings.Contains(sure.NotStore, "did not converge: T stopped at the lower bound") {
+		t.Errorf("fit on a bound: %+v", sure)
+	}
 	// The thresholds come back sorted, on confidence by default.
 	if c := label.Fit.After.Coverage; len(c) != 2 || c[0].Threshold != 0.5 || c[1].Threshold != 0.7 || label.Fit.ThresholdOn != calibration.OnConfidence {
 		t.Errorf("coverage: %+v", c)
 	}
 	// Window: the query's bounds and the labels seen.
-	if w := label.Fit.Window; !w.Until.Equal(now.Truncate(time.Nanosecond)) && w.Until.Sub(now) > time.Second || w.Until.Sub(w.Since) != 30*24*time.Hour || w.FirstLabel.Before(w.Since) {
+	if w := label.Fit.Window; w.Until.Sub(now).Abs() > time.Second || w.Until.Sub(w.Since) != 30*24*time.Hour || w.FirstLabel.Before(w.Since) || w.LastLabel.After(w.Until) {
 		t.Errorf("window: %+v", w)
 	}
 	// The same labels fitted in-process give the same T: nothing was lost or bent on the way.
@@ -281,6 +294,12 @@ func TestCalibrateCommand(t *testing.T) {
 		t.Fatalf("--apply did not create the bucket: %v", err)
 	}
 	for _, f := range rep.Fits {
+		if f.Key == "nimble.billing.sure" {
+			if f.Stored {
+				t.Error("a fit that did not converge was stored")
+			}
+			continue
+		}
 		e, err := kv.Get(context.Background(), f.Key)
 		if err != nil {
 			t.Fatalf("%s not stored: %v", f.Key, err)
@@ -301,6 +320,9 @@ func TestCalibrateCommand(t *testing.T) {
 	}
 	if code, out, errOut = calibrate(t, "--delete", "nimble.billing.refund_requested"); code != exitOK || !strings.Contains(out, "deleted nimble.billing.refund_requested") {
 		t.Errorf("--delete KEY: exit %d %s %s", code, out, errOut)
+	}
+	if code, _, errOut = calibrate(t, "--apply", "--question", "sure"); code != exitFailed || !strings.Contains(errOut, "no fit stored (none converged") {
+		t.Errorf("--apply of only an unconverged fit: exit %d %s", code, errOut)
 	}
 	if code, out, errOut = calibrate(t, "--delete", "--model", "gemma"); code != exitOK || !strings.Contains(out, "deleted gemma.billing.label") {
 		t.Errorf("--delete --model: exit %d %s %s", code, out, errOut)
