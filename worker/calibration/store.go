@@ -38,7 +38,8 @@ type fitID struct{ model, caller, question string }
 // NewStore watches kv and returns once every fit already in it is loaded (or ctx ends). A
 // value that is not a valid fit, or sits under a key that does not name it, is skipped with a
 // warning on log; if it replaces a good fit, the good fit stays in memory (the last good
-// version, as for every file sys1 reloads) and the warning says so. Stop ends the watch.
+// version, as for every file sys1 reloads) and the warning says so. ctx bounds the initial
+// load only; the watch lasts until Stop (or the connection closes, which is logged).
 func NewStore(ctx context.Context, kv jetstream.KeyValue, log zerolog.Logger) (*Store, error) {
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
