@@ -1,0 +1,787 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/sink"
+	"github.com/sys1hq/sys1/worker/calibration"
+	calplot "github.com/sys1hq/sys1/worker/calibration/plot"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+func init() {
+	register(command{name: "calibrate", summary: "fit temperature scaling from labels; list or delete stored fits", run: runCalibrate})
+}
+
+const calibrateUsage = `usage: sys1 calibrate [--since 30d] [--until TIME] [--model M] [--caller C] [--question Q]
+                      [--min-labels 50] [--thresholds 0.5,0.7,0.9] [--threshold-on confidence|probability]
+                      [--plot-dir DIR] [--json] [--dry-run | --apply]
+       sys1 calibrate --list [--model M] [--caller C] [--question Q] [--json]
+       sys1 calibrate --delete KEY... | --delete [--model M] [--caller C] [--question Q]
+
+Fits one temperature T per (model, caller, question name) to the labelled answers in ClickHouse
+(view labelled_answers of SYS1_CLICKHOUSE_DATABASE, labels in [since, until)), and prints per
+fit: n, T, and before -> after for ECE (15 bins), Brier, NLL, accuracy and, per threshold,
+coverage (the share of answers whose confidence, or top probability, is at least the threshold:
+those a policy rule with that minimum decides instead of abstaining) with the accuracy among
+them. Nothing is stored unless --apply: then the converged fits go to the KV bucket
+SYS1_CALIBRATION_BUCKET (sys1-calibration), where workers pick them up without a restart.
+
+Question names key the fits: a question renamed between runs is a new question, with its own
+labels and its own fit; the old name's fit stays in the bucket, applying to nothing, until
+--delete. A question whose type changed is fitted on the rows of its latest type only.
+
+Exit status: 0 when at least one fit was made (and, with --apply, stored), 1 when none was
+(an empty window, too few labels) or storing failed, 2 on usage, configuration or connection
+errors. ClickHouse: SYS1_CLICKHOUSE_DSN, SYS1_CLICKHOUSE_DATABASE [sys1]. NATS (--apply, --list,
+--delete): SYS1_NATS_URL and SYS1_NATS_* as for 'sys1 decide'.
+
+flags:
+`
+
+// calibrateFlags are the parsed command line.
+type calibrateFlags struct {
+	since, until                   string
+	model, caller, question        string
+	minLabels                      int
+	thresholds                     string
+	thresholdOn                    string
+	plotDir                        string
+	json, apply, dryRun, list, del bool
+}
+
+func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("calibrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, calibrateUsage); fs.PrintDefaults() }
+	var f calibrateFlags
+	fs.StringVar(&f.since, "since", "30d", "start of the label window: a duration back from now (30d, 12h, 1d12h) or a time (2026-11-01, RFC 3339)")
+	fs.StringVar(&f.until, "until", "now", "end of the label window (exclusive), in the same forms")
+	fs.StringVar(&f.model, "model", "", "only this model")
+	fs.StringVar(&f.caller, "caller", "", "only this caller")
+	fs.StringVar(&f.question, "question", "", "only this question name")
+	fs.IntVar(&f.minLabels, "min-labels", calibration.DefaultMinLabels, "fewest usable labels a fit is made from")
+	fs.StringVar(&f.thresholds, "thresholds", "0.5,0.7,0.9", "policy thresholds to report coverage and accuracy at (comma list in [0, 1])")
+	fs.StringVar(&f.thresholdOn, "threshold-on", string(calibration.OnConfidence), "what a threshold is compared with: confidence (policy min_confidence) or probability (min_probability); noul always uses max(P, 1-P)")
+	fs.StringVar(&f.plotDir, "plot-dir", "", "write a reliability diagram PNG per fit into this directory")
+	fs.BoolVar(&f.json, "json", false, "print JSON instead of tables")
+	fs.BoolVar(&f.apply, "apply", false, "store the converged fits in the calibration bucket")
+	fs.BoolVar(&f.dryRun, "dry-run", false, "print what would be stored, store nothing (the default)")
+	fs.BoolVar(&f.list, "list", false, "list the fits stored in the calibration bucket")
+	fs.BoolVar(&f.del, "delete", false, "delete stored fits: the KEYs given, or those matching --model/--caller/--question")
+	// Flags may come before or after KEYs (sys1 calibrate --delete KEY --model m is refused
+	// with a message, not misread): parse again after each argument, as 'sys1 decide' does.
+	// After "--" everything is an argument.
+	var positional []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return exitOK
+			}
+			return exitUsage
+		}
+		if used := len(rest) - fs.NArg(); used > 0 && rest[used-1] == "--" {
+			positional = append(positional, fs.Args()...)
+			break
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional, rest = append(positional, fs.Arg(0)), fs.Args()[1:]
+	}
+	usage := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "sys1 calibrate: "+format+"\n", a...)
+		return exitUsage
+	}
+	modes := 0
+	for _, on := range []bool{f.apply || f.dryRun, f.list, f.del} {
+		if on {
+			modes++
+		}
+	}
+	switch {
+	case f.apply && f.dryRun:
+		return usage("--apply and --dry-run contradict each other")
+	case modes > 1:
+		return usage("--list, --delete and fitting (--apply, --dry-run) are separate modes; give one")
+	case len(positional) > 0 && !f.del:
+		return usage("unexpected arguments %q (keys are for --delete)", positional)
+	}
+	if f.list {
+		return calibrateList(ctx, f, stdout, stderr)
+	}
+	if f.del {
+		return calibrateDelete(ctx, f, positional, stdout, stderr)
+	}
+	return calibrateFit(ctx, f, time.Now(), stdout, stderr)
+}
+
+var daysPrefix = regexp.MustCompile(`^(\d+)d(.*)$`)
+
+// parseWindowTime reads a window bound: "now", a duration back from now with an optional
+// leading day count (30d, 1d12h, 90m), a date (2026-11-01, UTC midnight) or an RFC 3339 time.
+func parseWindowTime(s string, now time.Time) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return time.Time{}, errors.New("empty: give a duration (30d), a date or an RFC 3339 time")
+	}
+	if s == "now" {
+		return now, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse("2006-01-02", s); err == nil {
+		return t, nil
+	}
+	var d time.Duration
+	rest := s
+	if m := daysPrefix.FindStringSubmatch(s); m != nil {
+		days, err := strconv.Atoi(m[1])
+		if err != nil || days > 100*365 {
+			return time.Time{}, fmt.Errorf("%q: too many days", s)
+		}
+		d, rest = time.Duration(days)*24*time.Hour, m[2]
+	}
+	if rest != "" {
+		more, err := time.ParseDuration(rest)
+		if err != nil || rest[0] == '-' || rest[0] == '+' {
+			return time.Time{}, fmt.Errorf("%q is not a duration (30d, 12h, 1d12h), a date (2026-11-01) or an RFC 3339 time", s)
+		}
+		d += more
+	}
+	if d < 0 {
+		return time.Time{}, fmt.Errorf("%q: give a duration back from now without a sign", s)
+	}
+	return now.Add(-d), nil
+}
+
+// fitReport is one fitted group in the output.
+type fitReport struct {
+	Key      string           `json:"key"`
+	Stored   bool             `json:"stored"`
+	Revision uint64           `json:"revision,omitempty"`
+	NotStore string           `json:"not_stored,omitempty"` // why --apply left it out
+	Plot     string           `json:"plot,omitempty"`
+	Fit      *calibration.Fit `json:"fit"`
+}
+
+// noFitReport is one group without a fit.
+type noFitReport struct {
+	Model    string                `json:"model"`
+	Caller   string                `json:"caller"`
+	Question string                `json:"question"`
+	Type     contract.QuestionType `json:"type"`
+	N        int                   `json:"n"`
+	Reason   string                `json:"reason"`
+	Message  string                `json:"message"`
+}
+
+// calibrateReport is the whole output (--json prints it).
+type calibrateReport struct {
+	Database    string                  `json:"database"`
+	Since       time.Time               `json:"since"`
+	Until       time.Time               `json:"until"`
+	Filters     map[string]string       `json:"filters,omitempty"`
+	Rows        int                     `json:"rows"`
+	Skipped     map[string]int          `json:"skipped,omitempty"`
+	DryRun      bool                    `json:"dry_run"`
+	Bucket      string                  `json:"bucket"`
+	ThresholdOn calibration.ThresholdOn `json:"threshold_on"`
+	Fits        []fitReport             `json:"fits"`
+	NoFit       []noFitReport           `json:"no_fit"`
+}
+
+func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, stderr io.Writer) int {
+	cfg := sink.DefaultConfig()
+	var topo topology.Config
+	var since, until time.Time
+	var thresholds []float64
+	var on calibration.ThresholdOn
+	flags := check(func() []error {
+		var errs []error
+		var err error
+		if since, err = parseWindowTime(f.since, now); err != nil {
+			errs = append(errs, fmt.Errorf("--since: %w", err))
+		}
+		if until, err = parseWindowTime(f.until, now); err != nil {
+			errs = append(errs, fmt.Errorf("--until: %w", err))
+		}
+		if len(errs) == 0 && !since.Before(until) {
+			errs = append(errs, fmt.Errorf("--since %s is not before --until %s: the window is empty", since.UTC().Format(time.RFC3339), until.UTC().Format(time.RFC3339)))
+		}
+		if f.minLabels < 2 {
+			errs = append(errs, fmt.Errorf("--min-labels: must be at least 2, got %d", f.minLabels))
+		}
+		if thresholds, err = parseThresholdList(f.thresholds); err != nil {
+			errs = append(errs, fmt.Errorf("--thresholds: %w", err))
+		}
+		if on, err = calibration.ParseThresholdOn(f.thresholdOn); err != nil {
+			errs = append(errs, fmt.Errorf("--threshold-on: %w", err))
+		}
+		return errs
+	})
+	if err := loadConfig(&cfg, requireDSN(&cfg), &topo, flags); err != nil {
+		fmt.Fprintln(stderr, "sys1 calibrate:", err)
+		return exitUsage
+	}
+	if f.plotDir != "" {
+		if err := os.MkdirAll(f.plotDir, 0o755); err != nil {
+			fmt.Fprintf(stderr, "sys1 calibrate: --plot-dir: %v\n", err)
+			return exitUsage
+		}
+	}
+
+	octx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	conn, err := sink.Open(octx, cfg)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+		return exitUsage
+	}
+	defer conn.Close()
+	q := labelQuery{database: cfg.Database, since: since, until: until, model: f.model, caller: f.caller, question: f.question}
+	groups, rows, skipped, err := q.load(ctx, conn)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+		return exitFailed
+	}
+
+	rep := calibrateReport{
+		Database: cfg.Database, Since: since.UTC(), Until: until.UTC(), Filters: q.filters(), Rows: rows,
+		DryRun: !f.apply, Bucket: topo.CalibrationBucket, ThresholdOn: on,
+		Fits: []fitReport{}, NoFit: []noFitReport{},
+	}
+	if len(skipped) > 0 {
+		rep.Skipped = map[string]int{}
+		for r, n := range skipped {
+			rep.Skipped[string(r)] = n
+		}
+	}
+	opts := calibration.Options{MinLabels: f.minLabels, Measure: calibration.MeasureOptions{Thresholds: thresholds, ThresholdOn: on}, Since: since, Until: until, Now: now}
+	for _, g := range groups {
+		fit, err := calibration.Calibrate(g, opts)
+		var nf *calibration.NoFitError
+		switch {
+		case errors.As(err, &nf):
+			rep.NoFit = append(rep.NoFit, noFitReport{Model: g.Model, Caller: g.Caller, Question: g.Question, Type: g.Type, N: len(g.Samples), Reason: string(nf.Reason), Message: nf.Message})
+			continue
+		case err != nil:
+			fmt.Fprintf(stderr, "sys1 calibrate: %s: %v\n", calibration.Key(g.Model, g.Caller, g.Question), err)
+			return exitFailed
+		}
+		r := fitReport{Key: fit.Key(), Fit: &fit}
+		if !fit.Converged {
+			r.NotStore = "did not converge: " + fit.Note
+		}
+		if f.plotDir != "" {
+			r.Plot = filepath.Join(f.plotDir, r.Key+".png")
+			if err := calplot.SavePNG(r.Plot, &fit); err != nil {
+				fmt.Fprintf(stderr, "sys1 calibrate: plot: %v\n", err)
+				return exitFailed
+			}
+		}
+		rep.Fits = append(rep.Fits, r)
+	}
+
+	code := exitOK
+	if f.apply && len(rep.Fits) > 0 {
+		if c := storeFits(ctx, topo, rep.Fits, stderr); c != exitOK {
+			code = c
+		}
+	}
+	stored := 0
+	for _, r := range rep.Fits {
+		if r.Stored {
+			stored++
+		}
+	}
+	if len(rep.Fits) == 0 || (f.apply && stored == 0) {
+		code = exitFailed
+	}
+	if f.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+			return exitFailed
+		}
+	} else {
+		printCalibrateReport(stdout, &rep)
+	}
+	switch {
+	case rows == 0:
+		fmt.Fprintf(stderr, "sys1 calibrate: no labelled answers in %s.labelled_answers labelled in [%s, %s)%s: nothing to fit\n",
+			cfg.Database, since.UTC().Format(time.RFC3339), until.UTC().Format(time.RFC3339), describeFilters(q.filters()))
+	case len(rep.Fits) == 0:
+		fmt.Fprintf(stderr, "sys1 calibrate: no fit made (%d groups without one; see above)\n", len(rep.NoFit))
+	case f.apply && stored == 0:
+		fmt.Fprintf(stderr, "sys1 calibrate: no fit stored (none converged; see above)\n")
+	}
+	return code
+}
+
+func parseThresholdList(s string) ([]float64, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var ts []float64
+	for _, part := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(part), 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a number", part)
+		}
+		ts = append(ts, v)
+	}
+	return calibration.ParseThresholds(ts)
+}
+
+// storeFits puts the converged fits into the bucket (creating it with the topology's settings
+// when it does not exist yet) and marks each report stored with its revision.
+func storeFits(ctx context.Context, topo topology.Config, fits []fitReport, stderr io.Writer) int {
+	conn, err := dialClient(ctx, "sys1 calibrate", stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+		return exitUsage
+	}
+	defer conn.Close()
+	kv, err := calibrationBucket(ctx, conn.JS, topo, true)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+		return exitUsage
+	}
+	code := exitOK
+	for i := range fits {
+		if fits[i].NotStore != "" {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rev, err := calibration.Put(pctx, kv, fits[i].Fit)
+		cancel()
+		if err != nil {
+			fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+			code = exitFailed
+			continue
+		}
+		fits[i].Stored, fits[i].Revision = true, rev
+	}
+	return code
+}
+
+// calibrationBucket opens the bucket; create makes it when missing (--apply), otherwise a
+// missing bucket is jetstream.ErrBucketNotFound.
+func calibrationBucket(ctx context.Context, js jetstream.JetStream, topo topology.Config, create bool) (jetstream.KeyValue, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(cctx, topo.CalibrationBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) && create {
+		kv, err = js.CreateKeyValue(cctx, topo.CalibrationBucketConfig())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("calibration bucket %s: %w", topo.CalibrationBucket, err)
+	}
+	return kv, nil
+}
+
+// labelQuery reads labelled answers from ClickHouse.
+type labelQuery struct {
+	database                string
+	since, until            time.Time
+	model, caller, question string
+}
+
+func (q labelQuery) filters() map[string]string {
+	m := map[string]string{}
+	for k, v := range map[string]string{"model": q.model, "caller": q.caller, "question": q.question} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
+func describeFilters(m map[string]string) string {
+	if len(m) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, k := range []string{"model", "caller", "question"} {
+		if v, ok := m[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s %q", k, v))
+		}
+	}
+	return " for " + strings.Join(parts, ", ")
+}
+
+// labelRow is one row of labelled_answers, as far as fitting needs it.
+type labelRow struct {
+	runID, caller, model, question, typ string
+	labelledAt                          time.Time
+	label                               string
+	confidence                          *float64
+	keys                                []string
+	values                              []float64
+}
+
+// load reads the window's rows (only the columns named here, all in the view's documented
+// set) and groups them per (model, caller, question) in that order. Rows that cannot be used
+// are counted per reason, overall and in their group.
+func (q labelQuery) load(ctx context.Context, conn driver.Conn) (groups []calibration.Group, rows int, skipped map[calibration.SkipReason]int, err error) {
+	sql := "SELECT run_id, caller, model, question, type, labelled_at, label, confidence, prob_keys, prob_values FROM `" + q.database + "`.labelled_answers WHERE labelled_at >= ? AND labelled_at < ?"
+	args := []any{q.since.UTC(), q.until.UTC()}
+	for _, c := range []struct{ col, v string }{{"model", q.model}, {"caller", q.caller}, {"question", q.question}} {
+		if c.v != "" {
+			sql += " AND " + c.col + " = ?"
+			args = append(args, c.v)
+		}
+	}
+	sql += " ORDER BY model, caller, question, labelled_at, run_id"
+	res, err := conn.Query(ctx, sql, args...)
+	if err != nil {
+		// UNKNOWN_TABLE (60), UNKNOWN_DATABASE (81): the labels schema is not there yet.
+		if ex, ok := errors.AsType[*clickhouse.Exception](err); ok && (ex.Code == 60 || ex.Code == 81) {
+			return nil, 0, nil, fmt.Errorf("%s.labelled_answers does not exist: run 'sys1 migrate' with a sys1 that has the labels schema (%w)", q.database, err)
+		}
+		return nil, 0, nil, fmt.Errorf("read %s.labelled_answers: %w", q.database, err)
+	}
+	defer res.Close()
+
+	skipped = map[calibration.SkipReason]int{}
+	var cur []labelRow
+	flush := func() {
+		if len(cur) > 0 {
+			groups = append(groups, buildGroup(cur, skipped))
+		}
+		cur = nil
+	}
+	for res.Next() {
+		var r labelRow
+		if err := res.Scan(&r.runID, &r.caller, &r.model, &r.question, &r.typ, &r.labelledAt, &r.label, &r.confidence, &r.keys, &r.values); err != nil {
+			return nil, 0, nil, fmt.Errorf("read %s.labelled_answers: %w", q.database, err)
+		}
+		rows++
+		if len(cur) > 0 && (cur[0].model != r.model || cur[0].caller != r.caller || cur[0].question != r.question) {
+			flush()
+		}
+		cur = append(cur, r)
+	}
+	if err := res.Err(); err != nil {
+		return nil, 0, nil, fmt.Errorf("read %s.labelled_answers: %w", q.database, err)
+	}
+	flush()
+	return groups, rows, skipped, nil
+}
+
+// buildGroup turns one group's rows (in labelled_at order) into samples: the latest label of
+// each run wins, only rows of the latest question type are used, and unusable rows are
+// counted in the group and in total.
+func buildGroup(rows []labelRow, total map[calibration.SkipReason]int) calibration.Group {
+	last := rows[len(rows)-1]
+	g := calibration.Group{Model: last.model, Caller: last.caller, Question: last.question, Type: contract.QuestionType(last.typ), Skipped: map[calibration.SkipReason]int{}}
+	count := func(r calibration.SkipReason) {
+		g.Skipped[r]++
+		total[r]++
+	}
+	latest := make(map[string]int, len(rows)) // run id → index of its latest row
+	for i, r := range rows {
+		latest[r.runID] = i
+	}
+	for i, r := range rows {
+		switch {
+		case latest[r.runID] != i:
+			count(calibration.SkipSuperseded)
+			continue
+		case r.typ != last.typ:
+			count(calibration.SkipTypeChanged)
+			continue
+		}
+		s, err := calibration.NewSample(g.Type, r.keys, r.values, r.label, r.confidence)
+		var se *calibration.SkipError
+		if errors.As(err, &se) {
+			count(se.Reason)
+			continue
+		}
+		if g.FirstLabel.IsZero() || r.labelledAt.Before(g.FirstLabel) {
+			g.FirstLabel = r.labelledAt
+		}
+		if r.labelledAt.After(g.LastLabel) {
+			g.LastLabel = r.labelledAt
+		}
+		g.Samples = append(g.Samples, s)
+	}
+	if len(g.Skipped) == 0 {
+		g.Skipped = nil
+	}
+	return g
+}
+
+func printCalibrateReport(w io.Writer, rep *calibrateReport) {
+	mode := "dry run: nothing stored (--apply stores the converged fits)"
+	if !rep.DryRun {
+		mode = "--apply: converged fits stored in bucket " + rep.Bucket
+	}
+	fmt.Fprintf(w, "%d rows of %s.labelled_answers labelled %s to %s%s: %s, %d without a fit; %s\n",
+		rep.Rows, rep.Database, rep.Since.Format("2006-01-02 15:04"), rep.Until.Format("2006-01-02 15:04 MST"), describeFilters(rep.Filters), plural(len(rep.Fits), "fit"), len(rep.NoFit), mode)
+	if len(rep.Skipped) > 0 {
+		fmt.Fprintf(w, "rows skipped: %s\n", describeCounts(rep.Skipped))
+	}
+	what := "confidence"
+	if rep.ThresholdOn == calibration.OnProbability {
+		what = "top probability"
+	}
+	for _, r := range rep.Fits {
+		f := r.Fit
+		fmt.Fprintf(w, "\n%s · caller %s · question %s (%s)   key %s\n", f.Model, f.Caller, f.Question, f.Type, r.Key)
+		status := "converged"
+		if !f.Converged {
+			status = "NOT converged: " + f.Note
+		}
+		fmt.Fprintf(w, "  n %d · T %.3f (%s) · labels %s to %s\n", f.N, f.Temperature, status, f.Window.FirstLabel.Format("2006-01-02"), f.Window.LastLabel.Format("2006-01-02"))
+		if len(f.Skipped) > 0 {
+			fmt.Fprintf(w, "  rows skipped: %s\n", describeCounts(f.Skipped))
+		}
+		what := what
+		if f.Type == contract.TypeNoul {
+			what = "max(P, 1−P)" // noul has no confidence; its policy is a band around 0.5
+		}
+		row := func(name, before, after string) {
+			fmt.Fprintf(w, "  %-32s %9s  →  %9s\n", name, before, after)
+		}
+		fmt.Fprintf(w, "  %-32s %9s     %9s\n", "", "before", "after")
+		row("ECE (15 bins)", fmt.Sprintf("%.4f", f.Before.ECE), fmt.Sprintf("%.4f", f.After.ECE))
+		row("Brier", fmt.Sprintf("%.4f", f.Before.Brier), fmt.Sprintf("%.4f", f.After.Brier))
+		row("NLL", fmt.Sprintf("%.4f", f.Before.NLL), fmt.Sprintf("%.4f", f.After.NLL))
+		row("accuracy", pct(f.Before.Accuracy), pct(f.After.Accuracy))
+		for i, b := range f.Before.Coverage {
+			a := f.After.Coverage[i]
+			row(fmt.Sprintf("coverage, %s ≥ %.2f", what, b.Threshold), pct(b.Coverage), pct(a.Coverage))
+			row("  accuracy of those decided", pctPtr(b.Accuracy), pctPtr(a.Accuracy))
+		}
+		if r.Plot != "" {
+			fmt.Fprintf(w, "  plot: %s\n", r.Plot)
+		}
+		switch {
+		case r.Stored:
+			fmt.Fprintf(w, "  stored: %s revision %d\n", rep.Bucket, r.Revision)
+		case r.NotStore != "":
+			fmt.Fprintf(w, "  not stored: %s\n", r.NotStore)
+		case rep.DryRun:
+			fmt.Fprintf(w, "  would store under %s: T %.4f, n %d\n", r.Key, f.Temperature, f.N)
+		default:
+			fmt.Fprintf(w, "  not stored (see the error above)\n")
+		}
+	}
+	if len(rep.NoFit) > 0 {
+		fmt.Fprintf(w, "\nno fit:\n")
+		for _, n := range rep.NoFit {
+			fmt.Fprintf(w, "  %s · caller %s · question %s (%s): %s\n", n.Model, n.Caller, n.Question, n.Type, n.Message)
+		}
+	}
+}
+
+func describeCounts(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%d %s", m[k], k)
+	}
+	return strings.Join(parts, "; ")
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
+func pct(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
+
+func pctPtr(v *float64) string {
+	if v == nil {
+		return "–"
+	}
+	return pct(*v)
+}
+
+// calibrateList prints the stored fits, matching the filters.
+func calibrateList(ctx context.Context, f calibrateFlags, stdout, stderr io.Writer) int {
+	entries, code := readFits(ctx, stderr)
+	if code != exitOK {
+		return code
+	}
+	entries = slices.DeleteFunc(entries, func(e calibration.Entry) bool { return !matches(e, f) })
+	if f.json {
+		type item struct {
+			Key      string           `json:"key"`
+			Revision uint64           `json:"revision"`
+			Created  time.Time        `json:"created"`
+			Fit      *calibration.Fit `json:"fit,omitempty"`
+			Error    string           `json:"error,omitempty"`
+		}
+		items := []item{}
+		for _, e := range entries {
+			it := item{Key: e.Key, Revision: e.Revision, Created: e.Created.UTC(), Fit: e.Fit}
+			if e.Err != nil {
+				it.Error = e.Err.Error()
+			}
+			items = append(items, it)
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(items); err != nil {
+			fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+			return exitFailed
+		}
+		return exitOK
+	}
+	if len(entries) == 0 {
+		fmt.Fprintln(stdout, "no fits stored")
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tMODEL\tCALLER\tQUESTION\tTYPE\tT\tN\tECE\tFITTED\tREVISION")
+	for _, e := range entries {
+		if e.Err != nil {
+			fmt.Fprintf(tw, "%s\t(unusable: %v)\t\t\t\t\t\t\t\t%d\n", e.Key, e.Err, e.Revision)
+			continue
+		}
+		fit := e.Fit
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.3f\t%d\t%.3f → %.3f\t%s\t%d\n", e.Key, fit.Model, fit.Caller, fit.Question, fit.Type, fit.Temperature, fit.N, fit.Before.ECE, fit.After.ECE, fit.FittedAt.Format("2006-01-02 15:04"), e.Revision)
+	}
+	_ = tw.Flush()
+	return exitOK
+}
+
+// matches reports whether a stored entry passes the --model/--caller/--question filters (an
+// unusable entry is matched on the names its key gives).
+func matches(e calibration.Entry, f calibrateFlags) bool {
+	model, caller, question, err := calibration.ParseKey(e.Key)
+	if err != nil {
+		return f.model == "" && f.caller == "" && f.question == ""
+	}
+	return (f.model == "" || f.model == model) && (f.caller == "" || f.caller == caller) && (f.question == "" || f.question == question)
+}
+
+func readFits(ctx context.Context, stderr io.Writer) ([]calibration.Entry, int) {
+	var topo topology.Config
+	if err := loadConfig(&topo); err != nil {
+		fmt.Fprintln(stderr, "sys1 calibrate:", err)
+		return nil, exitUsage
+	}
+	conn, err := dialClient(ctx, "sys1 calibrate", stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+		return nil, exitUsage
+	}
+	defer conn.Close()
+	kv, err := calibrationBucket(ctx, conn.JS, topo, false)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, exitOK // nothing was ever stored
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+		return nil, exitUsage
+	}
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	entries, err := calibration.List(lctx, kv)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+		return nil, exitFailed
+	}
+	return entries, exitOK
+}
+
+// calibrateDelete deletes the fits under the given keys, or every stored fit matching the
+// filters (at least one filter: deleting everything takes naming it).
+func calibrateDelete(ctx context.Context, f calibrateFlags, keys []string, stdout, stderr io.Writer) int {
+	filtered := f.model != "" || f.caller != "" || f.question != ""
+	switch {
+	case len(keys) > 0 && filtered:
+		fmt.Fprintln(stderr, "sys1 calibrate: --delete takes KEYs or --model/--caller/--question, not both")
+		return exitUsage
+	case len(keys) == 0 && !filtered:
+		fmt.Fprintln(stderr, "sys1 calibrate: --delete needs KEYs (see --list) or at least one of --model, --caller, --question")
+		return exitUsage
+	}
+	for _, k := range keys {
+		if _, _, _, err := calibration.ParseKey(k); err != nil {
+			fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+			return exitUsage
+		}
+	}
+	var topo topology.Config
+	if err := loadConfig(&topo); err != nil {
+		fmt.Fprintln(stderr, "sys1 calibrate:", err)
+		return exitUsage
+	}
+	conn, err := dialClient(ctx, "sys1 calibrate", stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+		return exitUsage
+	}
+	defer conn.Close()
+	kv, err := calibrationBucket(ctx, conn.JS, topo, false)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		fmt.Fprintf(stderr, "sys1 calibrate: no fits stored (bucket %s does not exist)\n", topo.CalibrationBucket)
+		return exitFailed
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+		return exitUsage
+	}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if filtered {
+		entries, err := calibration.List(dctx, kv)
+		if err != nil {
+			fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+			return exitFailed
+		}
+		for _, e := range entries {
+			if matches(e, f) {
+				keys = append(keys, e.Key)
+			}
+		}
+		if len(keys) == 0 {
+			fmt.Fprintf(stderr, "sys1 calibrate: no stored fit matches%s\n", describeFilters(labelQuery{model: f.model, caller: f.caller, question: f.question}.filters()))
+			return exitFailed
+		}
+	}
+	code := exitOK
+	for _, k := range keys {
+		if err := calibration.Delete(dctx, kv, k); err != nil {
+			fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
+			code = exitFailed
+			continue
+		}
+		fmt.Fprintf(stdout, "deleted %s\n", k)
+	}
+	return code
+}
