@@ -27,6 +27,8 @@ type Config struct {
 	// StoreRetry is how long a finished run retries storing its outcome in place (keeping its
 	// delivery alive meanwhile) before giving up and being redelivered.
 	StoreRetry time.Duration `env:"SYS1_STORE_RETRY" envDefault:"2m"`
+	// ProbeInterval is how often each provider is probed for health (/readyz, health).
+	ProbeInterval time.Duration `env:"SYS1_PROBE_INTERVAL" envDefault:"10s"`
 	// ID names this replica in run records; default host-pid.
 	ID string `env:"SYS1_WORKER_ID"`
 	// AllowAnyInbox lets verified callers be answered on any _INBOX.… subject instead of only
@@ -51,6 +53,9 @@ func (c *Config) Validate() []error {
 	}
 	if c.RetryBase <= 0 {
 		errs = append(errs, fmt.Errorf("SYS1_RETRY_BASE: must be positive, got %s", c.RetryBase))
+	}
+	if c.ProbeInterval < 0 {
+		errs = append(errs, fmt.Errorf("SYS1_PROBE_INTERVAL: must not be negative, got %s", c.ProbeInterval))
 	}
 	if c.StoreRetry < 0 {
 		errs = append(errs, fmt.Errorf("SYS1_STORE_RETRY: must not be negative, got %s", c.StoreRetry))
@@ -77,6 +82,9 @@ func (c *Config) ReplicaID() string {
 func (c *Config) withDefaults() Config {
 	out := *c
 	out.ID = c.ReplicaID()
+	if out.ProbeInterval <= 0 {
+		out.ProbeInterval = 10 * time.Second
+	}
 	if out.FetchBatch > out.Concurrency {
 		out.FetchBatch = out.Concurrency
 	}

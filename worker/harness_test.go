@@ -17,6 +17,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider"
+	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/provider/ollama"
 	"github.com/sys1hq/sys1/provider/ollamatest"
 	"github.com/sys1hq/sys1/worker"
@@ -132,6 +133,8 @@ type replicaOpts struct {
 	provider provider.Provider
 	auth     auth.Authenticator
 	topo     *topology.Config
+	links    []chain.Link
+	chainCfg chain.Config
 }
 
 func defaultWorkerConfig() worker.Config {
@@ -188,7 +191,7 @@ func (h *harness) start(mods ...func(*replicaOpts)) *replica {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := worker.New(ctx, o.cfg, worker.Options{
-		NC: nc, JS: js, Topology: topo, Provider: o.provider, Policy: o.policy, Auth: o.auth,
+		NC: nc, JS: js, Topology: topo, Provider: o.provider, Links: o.links, ChainConfig: o.chainCfg, Policy: o.policy, Auth: o.auth,
 		Logger: h.logger(), Version: "test", FetchWait: 200 * time.Millisecond,
 	})
 	if err != nil {

@@ -1,14 +1,12 @@
 package worker
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
-	"time"
 
-	"github.com/sys1hq/sys1/provider"
+	"github.com/sys1hq/sys1/provider/chain"
 )
 
 // Handler serves the replica's operational endpoints:
@@ -30,13 +28,14 @@ func (w *Worker) Handler() http.Handler {
 			http.Error(rw, "nats: not connected", http.StatusServiceUnavailable)
 			return
 		}
-		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
-		defer cancel()
-		if p := w.opt.Provider.Probe(ctx); !p.Healthy() {
-			http.Error(rw, "provider: "+probeSummary(p), http.StatusServiceUnavailable)
+		// The providers' last probes (refreshed every SYS1_PROBE_INTERVAL), never a probe per
+		// request: a scraper or a probe storm must not multiply model-server traffic.
+		h := w.chain.Health()
+		if h.Status != chain.StatusOK && h.Status != chain.StatusDegraded {
+			http.Error(rw, "providers: "+healthSummary(h), http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = rw.Write([]byte("ready\n"))
+		_, _ = rw.Write([]byte("ready (" + h.Status + ")\n"))
 	})
 	mux.HandleFunc("/metrics", func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -75,9 +74,17 @@ func labelValue(s string) string {
 
 var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 
-func probeSummary(p provider.ProbeResult) string {
-	if len(p.Problems) == 0 {
-		return "unhealthy"
+func healthSummary(h chain.Health) string {
+	parts := make([]string, 0, len(h.Providers))
+	for _, p := range h.Providers {
+		state := "up"
+		if !p.OK {
+			state = "down"
+			if p.Detail != "" {
+				state += ": " + p.Detail
+			}
+		}
+		parts = append(parts, p.Name+" "+state)
 	}
-	return fmt.Sprint(p.Problems)
+	return h.Status + " (" + strings.Join(parts, "; ") + ")"
 }

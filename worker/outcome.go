@@ -24,12 +24,17 @@ func (r *run) replyFor(resp *contract.Response, cerr *contract.Error, finished t
 		reply.Attempts = []contract.Attempt{}
 	}
 	if cerr == nil && resp != nil {
+		// Probabilities are model-specific: the result names who answered with what — the
+		// model the provider reports it ran, else the one sent to it.
 		model := resp.Model
+		if model == "" {
+			model = r.answeredModel
+		}
 		if model == "" && r.resolved != nil {
 			model = r.resolved.Model
 		}
 		reply.Status = contract.StatusSuccess
-		reply.Result = &contract.Result{Provider: r.w.opt.Provider.Name(), Model: model, Answers: resp.Answers, Usage: resp.Usage}
+		reply.Result = &contract.Result{Provider: r.provider(), Model: model, Answers: resp.Answers, Usage: resp.Usage}
 		return reply
 	}
 	if cerr == nil {
@@ -52,7 +57,7 @@ type provenance struct {
 
 // provenanceNow is the provenance of a run finishing in this delivery.
 func (r *run) provenanceNow() provenance {
-	p := provenance{provider: r.w.opt.Provider.Name(), worker: r.w.cfg.ID, version: r.w.opt.Version, replyTo: r.replyTo}
+	p := provenance{provider: r.provider(), worker: r.w.cfg.ID, version: r.w.opt.Version, replyTo: r.replyTo}
 	p.identity.Caller, p.identity.CallerKind = r.identity.Caller, r.identity.Kind
 	p.identity.Roles, p.identity.Scopes = r.identity.Roles, r.identity.Scopes
 	if r.meta != nil {
@@ -116,10 +121,27 @@ func (r *run) recordFor(reply *contract.Reply, finished time.Time, p provenance)
 			rec.Request = redacted
 		}
 	}
+	if reply.Result != nil && reply.Result.Model != "" {
+		rec.Model = reply.Result.Model // who answered with what, like the reply
+	}
 	if reply.Error != nil {
 		rec.ErrorCode, rec.ErrorStatus, rec.ErrorMessage = reply.Error.Code, reply.Error.Status, reply.Error.Message
 	}
 	return rec
+}
+
+// provider is the provider the record names: the one that answered, else the last one
+// called, else the chain's first.
+func (r *run) provider() string {
+	if r.answeredBy != "" {
+		return r.answeredBy
+	}
+	for i := len(r.attempts) - 1; i >= 0; i-- {
+		if a := r.attempts[i]; a.Outcome != contract.OutcomeSkipped && a.Provider != "" {
+			return a.Provider
+		}
+	}
+	return r.w.chain.Names()[0]
 }
 
 // startedAt is when the run first started (its first delivery's claim), or this delivery's

@@ -60,6 +60,9 @@ type run struct {
 	attempts    []contract.Attempt // across deliveries: the stored ones, then this delivery's
 	newAttempts bool               // this delivery added attempts (saved when it is nak'ed)
 	resp        *contract.Response
+	// answeredBy and answeredModel name who answered with what (the chain's link and the
+	// model sent to it).
+	answeredBy, answeredModel string
 }
 
 // handle processes one delivery. It never panics: a panic becomes SYS1_INTERNAL.

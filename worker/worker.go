@@ -24,6 +24,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider"
+	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -33,10 +34,15 @@ type Options struct {
 	NC       *nats.Conn
 	JS       jetstream.JetStream
 	Topology topology.Config
-	Provider provider.Provider
-	Policy   contract.Policy
-	Auth     auth.Authenticator
-	Logger   zerolog.Logger
+	// Provider is a single provider; Links, when set, are the ordered provider chain instead
+	// (SYS1_PROVIDERS, see provider/backend.Links), with ChainConfig its breaker settings.
+	// Either way the worker sets each link's limiter (SYS1_CONCURRENCY calls in flight).
+	Provider    provider.Provider
+	Links       []chain.Link
+	ChainConfig chain.Config
+	Policy      contract.Policy
+	Auth        auth.Authenticator
+	Logger      zerolog.Logger
 	// Version goes into every run record.
 	Version string
 	// FetchWait bounds one pull request; it is also how long shutdown may wait for a pull in
@@ -67,11 +73,12 @@ type Worker struct {
 	gate                     gate
 	log                      zerolog.Logger
 	stats                    stats
-	// providerSlots bounds the provider calls in flight to Concurrency. The pull loop admits
-	// twice as many messages, so the runs waiting for a slot have already been claimed and
-	// validated, and the runs past their call store and publish their outcome, while the
-	// provider stays busy: a slot is held for the call alone, never for a JetStream round trip.
-	providerSlots chan struct{}
+	// chain is the providers. Each link's limiter bounds its calls in flight to Concurrency.
+	// The pull loop admits twice as many messages, so the runs waiting for a slot have already
+	// been claimed and validated, and the runs past their call store and publish their
+	// outcome, while the provider stays busy: a slot is held for the call alone, never for a
+	// JetStream round trip.
+	chain *chain.Chain
 }
 
 // New ensures the JetStream topology (streams, run-id bucket, the shared consumer) and returns
@@ -80,8 +87,8 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("worker config: %w", errors.Join(errs...))
 	}
-	if opt.JS == nil || opt.NC == nil || opt.Provider == nil || opt.Auth == nil {
-		return nil, errors.New("worker: NC, JS, Provider and Auth are required")
+	if opt.JS == nil || opt.NC == nil || (opt.Provider == nil && len(opt.Links) == 0) || opt.Auth == nil {
+		return nil, errors.New("worker: NC, JS, a Provider (or Links) and Auth are required")
 	}
 	if opt.Topology.ConsumerMaxDeliver <= cfg.MaxDeliver {
 		return nil, fmt.Errorf("worker config: SYS1_CONSUMER_MAX_DELIVER (%d) must exceed SYS1_MAX_DELIVER (%d): the worker answers a failing run itself after SYS1_MAX_DELIVER deliveries, and needs deliveries left to do so", opt.Topology.ConsumerMaxDeliver, cfg.MaxDeliver)
@@ -90,8 +97,13 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	if opt.FetchWait <= 0 {
 		opt.FetchWait = time.Second
 	}
-	w := &Worker{cfg: cfg, opt: opt, providerSlots: make(chan struct{}, cfg.Concurrency), repair: make(chan struct{}, 1)}
+	w := &Worker{cfg: cfg, opt: opt, repair: make(chan struct{}, 1)}
 	w.log = opt.Logger.With().Str("worker", cfg.ID).Logger()
+	ch, err := w.buildChain()
+	if err != nil {
+		return nil, err
+	}
+	w.chain = ch
 	if err := w.ensure(ctx); err != nil {
 		return nil, err
 	}
@@ -197,7 +209,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer cancelRuns()
 
 	// Messages in flight: Concurrency in provider calls and as many again before or after
-	// theirs (see providerSlots).
+	// theirs (see chain).
 	slots := make(chan struct{}, 2*w.cfg.Concurrency)
 	// One long-lived goroutine per slot runs the messages. A goroutine per message would be
 	// simpler, but each new one grows its stack again through the decoders (copystack was 5% of
@@ -215,8 +227,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	var dead sync.WaitGroup
 	dead.Go(func() { w.deadLetters(ctx, runCtx) })
+	probed := w.chain.Start(ctx, w.cfg.ProbeInterval)
 	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("max_deliver", w.cfg.MaxDeliver).
-		Str("provider", w.opt.Provider.Name()).Msg("worker started")
+		Strs("providers", w.chain.Names()).Msg("worker started")
 
 	var fetchErrs int
 	for ctx.Err() == nil {
@@ -276,7 +289,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.log.Info().Int64("in_flight", w.stats.inFlight.Load()).Dur("grace", w.cfg.ShutdownGrace).Msg("stopping: no more pulls, finishing in-flight runs")
 	close(work)
 	done := make(chan struct{})
-	go func() { wg.Wait(); dead.Wait(); close(done) }()
+	go func() { wg.Wait(); dead.Wait(); <-probed; close(done) }()
 	grace := time.NewTimer(w.cfg.ShutdownGrace)
 	defer grace.Stop()
 	select {

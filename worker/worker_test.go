@@ -933,7 +933,7 @@ func TestNothingIsLostWhenNATSRestarts(t *testing.T) {
 
 func TestOperationalEndpoints(t *testing.T) {
 	h := newHarness(t, ollamatest.WithVersion("0.35.1"), ollamatest.WithModels("nimble"))
-	r := h.start()
+	r := h.start(func(o *replicaOpts) { o.cfg.ProbeInterval = 100 * time.Millisecond })
 	if rep := h.decide("svc-a", []byte(ticket)); rep.Status != contract.StatusSuccess {
 		t.Fatalf("reply %s", rep.Raw)
 	}
@@ -959,11 +959,30 @@ func TestOperationalEndpoints(t *testing.T) {
 		!strings.Contains(body, `sys1_worker_provider_calls_total{worker="test-worker"} 1`) {
 		t.Errorf("/metrics %d:\n%s", code, body)
 	}
-	// An Ollama too old for System One makes the replica unready, saying why.
-	h.fake.SetVersion("0.34.0")
-	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "0.34.0") {
-		t.Errorf("/readyz with an old Ollama: %d %s", code, body)
+	// /readyz serves the last probe: a storm of hits costs the model server nothing.
+	probes := func() (n int) {
+		for _, rec := range h.fake.Requests() {
+			if rec.Path != "/v1/systemone" {
+				n++
+			}
+		}
+		return n
 	}
+	before := probes()
+	for range 200 {
+		if code, _ := get("/readyz"); code != http.StatusOK {
+			t.Fatalf("/readyz %d", code)
+		}
+	}
+	if extra := probes() - before; extra > 20 {
+		t.Errorf("200 hits of /readyz made %d probe requests to the provider", extra)
+	}
+	// An Ollama too old for System One makes the replica unready at the next probe, saying why.
+	h.fake.SetVersion("0.34.0")
+	waitFor(t, "/readyz to say 503 with the old version", 10*time.Second, func() bool {
+		code, body := get("/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "0.34.0")
+	})
 }
 
 func TestRunThatNoDeliveryFinishesEndsAfterMaxDeliver(t *testing.T) {

@@ -40,7 +40,9 @@ type workerSettings struct {
 
 func loadWorkerSettings() (*workerSettings, error) {
 	s := &workerSettings{nats: natsconn.DefaultConfig(), auth: auth.DefaultConfig(), sink: sink.DefaultConfig()}
-	targets := []any{&s.log, &s.nats, &s.topo, &s.worker, &s.contract, &s.provider, &s.auth, &s.http}
+	targets := []any{&s.log, &s.nats, &s.topo, &s.worker, &s.contract, &s.provider, &s.auth, &s.http,
+		// Every allowed model must be served by some provider of the chain.
+		check(func() []error { return s.provider.CheckModels(s.contract.Model, s.contract.AllowedModels) })}
 	// The in-process sink is optional: its variables are only read (and checked) when a
 	// ClickHouse DSN asks for it.
 	if os.Getenv("SYS1_CLICKHOUSE_DSN") != "" {
@@ -82,19 +84,25 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 	defer conn.Close()
 
 	policy := s.contract.Policy()
-	prov, err := backend.New(s.provider, backend.Deps{DefaultModel: policy.DefaultModel, Concurrency: s.worker.Concurrency, Logger: log})
+	links, chainCfg, err := backend.Links(s.provider, backend.Deps{
+		DefaultModel: policy.DefaultModel, AllowedModels: policy.AllowedModels,
+		Concurrency: s.worker.Concurrency, Logger: log,
+	})
 	if err != nil {
-		log.Error().Err(err).Msg("cannot build the provider")
+		log.Error().Err(err).Msg("cannot build the providers")
 		return exitUsage
 	}
-	probeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	probe := prov.Probe(probeCtx)
-	cancel()
-	if probe.Healthy() {
-		log.Info().Str("provider", prov.Name()).Str("version", probe.Version).Str("model", policy.DefaultModel).Msg("provider ready")
-	} else {
-		// Not fatal: Ollama may start after us, and requests wait in the queue meanwhile.
-		log.Warn().Str("provider", prov.Name()).Strs("problems", probe.Problems).Msg("provider is not ready; runs will be retried while it is down")
+	for _, l := range links {
+		probeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		probe := l.Provider.Probe(probeCtx)
+		cancel()
+		if probe.Healthy() {
+			log.Info().Str("provider", l.Name).Str("endpoint", probe.Endpoint).Str("version", probe.Version).Str("model", policy.DefaultModel).Msg("provider ready")
+		} else {
+			// Not fatal: the model server may start after us, and requests wait in the queue
+			// (or go to the next provider of the chain) meanwhile.
+			log.Warn().Str("provider", l.Name).Str("endpoint", probe.Endpoint).Strs("problems", probe.Problems).Msg("provider is not ready; runs fall back or are retried while it is down")
+		}
 	}
 
 	authn, err := auth.New(ctx, s.auth, log)
@@ -103,7 +111,7 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return exitUsage
 	}
 	w, err := worker.New(ctx, s.worker, worker.Options{
-		NC: conn.NC, JS: conn.JS, Topology: s.topo, Provider: prov, Policy: policy, Auth: authn,
+		NC: conn.NC, JS: conn.JS, Topology: s.topo, Links: links, ChainConfig: chainCfg, Policy: policy, Auth: authn,
 		Logger: log, Version: version,
 	})
 	if err != nil {

@@ -363,10 +363,22 @@ func (c *Config) describeMaps(names []string) string {
 // NewChain builds the configured chain. A bad configuration returns one error naming every
 // bad variable.
 func NewChain(cfg Config, deps Deps) (*chain.Chain, error) {
+	links, ccfg, err := Links(cfg, deps)
+	if err != nil {
+		return nil, err
+	}
+	return chain.New(ccfg, links...)
+}
+
+// Links builds the configured chain's links (each with a fixed limiter of deps.Concurrency)
+// and its behaviour, for a caller that assembles the chain itself (the worker, which owns
+// concurrency: it replaces the limiters and observes the calls). A bad configuration returns
+// one error naming every bad variable.
+func Links(cfg Config, deps Deps) ([]chain.Link, chain.Config, error) {
 	errs := cfg.Validate()
 	errs = append(errs, cfg.CheckModels(deps.DefaultModel, deps.AllowedModels)...)
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("provider configuration: %w", errors.Join(errs...))
+		return nil, chain.Config{}, fmt.Errorf("provider configuration: %w", errors.Join(errs...))
 	}
 	names, _ := cfg.chain()
 	failures, _ := cfg.breakerFailures()
@@ -377,11 +389,11 @@ func NewChain(cfg Config, deps Deps) (*chain.Chain, error) {
 		models, _ := modelMap("", cfg.rawModels(name))
 		p, settings, err := cfg.build(name, probeModel(models, deps.DefaultModel), deps)
 		if err != nil {
-			return nil, fmt.Errorf("provider configuration: %w", err)
+			return nil, chain.Config{}, fmt.Errorf("provider configuration: %w", err)
 		}
 		links = append(links, chain.Link{Name: name, Provider: p, Models: models, Limiter: limit.NewFixed(concurrency), Settings: settings})
 	}
-	return chain.New(chain.Config{BreakerFailures: failures, BreakerCooldown: cooldown, Clock: deps.Clock, Logger: deps.Logger}, links...)
+	return links, chain.Config{BreakerFailures: failures, BreakerCooldown: cooldown, Clock: deps.Clock, Logger: deps.Logger}, nil
 }
 
 // probeModel is the model a provider's probe looks for: what the default model maps to, else

@@ -1,0 +1,56 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider"
+	"github.com/sys1hq/sys1/provider/chain"
+	"github.com/sys1hq/sys1/provider/limit"
+)
+
+// buildChain assembles the provider chain the call stage uses: the configured links (or the
+// one Provider), each limited to Concurrency calls in flight — concurrency is this replica's
+// to decide, so it sets every link's limiter — and each observed for the replica's counters.
+func (w *Worker) buildChain() (*chain.Chain, error) {
+	links := w.opt.Links
+	if len(links) == 0 {
+		links = []chain.Link{{Provider: w.opt.Provider}}
+	}
+	out := make([]chain.Link, len(links))
+	for i, l := range links {
+		if l.Provider == nil {
+			return nil, fmt.Errorf("worker: provider link %d has no provider", i)
+		}
+		if l.Name == "" {
+			l.Name = l.Provider.Name()
+		}
+		l.Provider = &observed{Provider: l.Provider, stats: &w.stats}
+		l.Limiter = limit.NewFixed(w.cfg.Concurrency)
+		out[i] = l
+	}
+	cfg := w.opt.ChainConfig
+	cfg.Logger = w.log
+	return chain.New(cfg, out...)
+}
+
+// observed counts a provider's calls for Stats.
+type observed struct {
+	provider.Provider
+	stats *stats
+}
+
+func (o *observed) Evaluate(ctx context.Context, req *contract.Request) (*contract.Response, error) {
+	o.stats.providerStart()
+	defer o.stats.providerNow.Add(-1)
+	return o.Provider.Evaluate(ctx, req)
+}
+
+// ModelDigest passes the provider's digest through (the cache keys on it).
+func (o *observed) ModelDigest(ctx context.Context, model string) (string, error) {
+	if d, ok := o.Provider.(provider.ModelDigester); ok {
+		return d.ModelDigest(ctx, model)
+	}
+	return "", provider.ErrNoModelDigest
+}
