@@ -12,7 +12,7 @@ import (
 //go:embed schema/*.schema.json
 var schemaFS embed.FS
 
-var schemaNames = []string{"request", "reply", "record"}
+var schemaNames = []string{"request", "reply", "record", "health", "capabilities"}
 
 // SchemaNames returns the names Schema accepts, in documentation order.
 func SchemaNames() []string { return append([]string(nil), schemaNames...) }

@@ -53,7 +53,7 @@ func validate(t testing.TB, s *jsonschema.Schema, doc []byte) error {
 }
 
 func TestSchemaNames(t *testing.T) {
-	if got := strings.Join(SchemaNames(), ","); got != "request,reply,record" {
+	if got := strings.Join(SchemaNames(), ","); got != "request,reply,record,health,capabilities" {
 		t.Fatal(got)
 	}
 	if _, err := Schema("nope"); err == nil {

@@ -29,6 +29,9 @@ type Config struct {
 	StoreRetry time.Duration `env:"SYS1_STORE_RETRY" envDefault:"2m"`
 	// ProbeInterval is how often each provider is probed for health (/readyz, health).
 	ProbeInterval time.Duration `env:"SYS1_PROBE_INTERVAL" envDefault:"10s"`
+	// StatusInterval is how often the replica reads the shared consumers' state (pending,
+	// pause) for health and metrics.
+	StatusInterval time.Duration `env:"SYS1_STATUS_INTERVAL" envDefault:"1s"`
 	// ID names this replica in run records; default host-pid.
 	ID string `env:"SYS1_WORKER_ID"`
 	// AllowAnyInbox lets verified callers be answered on any _INBOX.… subject instead of only
@@ -53,6 +56,9 @@ func (c *Config) Validate() []error {
 	}
 	if c.RetryBase <= 0 {
 		errs = append(errs, fmt.Errorf("SYS1_RETRY_BASE: must be positive, got %s", c.RetryBase))
+	}
+	if c.StatusInterval < 0 {
+		errs = append(errs, fmt.Errorf("SYS1_STATUS_INTERVAL: must not be negative, got %s", c.StatusInterval))
 	}
 	if c.ProbeInterval < 0 {
 		errs = append(errs, fmt.Errorf("SYS1_PROBE_INTERVAL: must not be negative, got %s", c.ProbeInterval))
@@ -82,6 +88,9 @@ func (c *Config) ReplicaID() string {
 func (c *Config) withDefaults() Config {
 	out := *c
 	out.ID = c.ReplicaID()
+	if out.StatusInterval <= 0 {
+		out.StatusInterval = time.Second
+	}
 	if out.ProbeInterval <= 0 {
 		out.ProbeInterval = 10 * time.Second
 	}

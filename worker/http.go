@@ -61,9 +61,17 @@ func (w *Worker) WriteMetrics(out io.Writer) {
 		{"sys1_worker_runs_failed_total", "counter", "Runs finished with status failed.", s.Failed},
 		{"sys1_worker_redeliveries_total", "counter", "Deliveries nak'ed for a transient error.", s.Retried},
 		{"sys1_worker_replays_total", "counter", "Finished runs answered again from their stored outcome.", s.Replayed},
+		{"sys1_worker_paused", "gauge", "1 while the fleet's interactive consumer is paused (sys1 pause), else 0.", w.pausedGauge()},
 	} {
 		fmt.Fprintf(out, "# HELP %s %s\n# TYPE %s %s\n%s{worker=\"%s\"} %d\n", m.name, m.help, m.name, m.kind, m.name, id, m.v)
 	}
+}
+
+func (w *Worker) pausedGauge() int64 {
+	if w.Health().Paused != nil {
+		return 1
+	}
+	return 0
 }
 
 // labelValue escapes a Prometheus label value: the format knows only \\, \" and \n (Go's %q

@@ -79,6 +79,8 @@ type Worker struct {
 	// outcome, while the provider stays busy: a slot is held for the call alone, never for a
 	// JetStream round trip.
 	chain *chain.Chain
+	// fleet is the shared consumers' state, for health (service.go).
+	fleet fleet
 }
 
 // New ensures the JetStream topology (streams, run-id bucket, the shared consumer) and returns
@@ -228,6 +230,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	var dead sync.WaitGroup
 	dead.Go(func() { w.deadLetters(ctx, runCtx) })
 	probed := w.chain.Start(ctx, w.cfg.ProbeInterval)
+	dead.Go(func() { w.watchFleet(ctx, w.cfg.StatusInterval) })
+	if stop, err := w.startService(); err != nil {
+		// Health and capabilities over NATS are for operators; decisions do not need them.
+		w.log.Error().Err(err).Msg("cannot register the micro service; sys1 status will not see this replica")
+	} else {
+		defer stop()
+	}
 	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("max_deliver", w.cfg.MaxDeliver).
 		Strs("providers", w.chain.Names()).Msg("worker started")
 

@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/worker/natsconn"
+	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // defaultClientURL is where client commands look when SYS1_NATS_URL is unset: the embedded
@@ -37,4 +38,20 @@ func dialClient(ctx context.Context, name string, logTo io.Writer) (*natsconn.Co
 		return nil, fmt.Errorf("connect to NATS at %s: %w", natsconn.RedactURLs(cfg.URL), err)
 	}
 	return conn, nil
+}
+
+// openTopology reads the JetStream names (SYS1_*_STREAM, …) and connects as a client. On
+// failure it has reported why and conn is nil; code is the exit status.
+func openTopology(ctx context.Context, name string, stderr io.Writer) (topology.Config, *natsconn.Conn, int) {
+	topo := topology.Default()
+	if err := loadConfig(&topo); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return topo, nil, exitUsage
+	}
+	conn, err := dialClient(ctx, name, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return topo, nil, exitUsage
+	}
+	return topo, conn, exitOK
 }

@@ -19,12 +19,12 @@ func TestSchemaCommand(t *testing.T) {
 		wantID   string   // one schema: its $id
 		stderr   string
 	}{
-		{name: "all", args: nil, code: exitOK, wantKeys: []string{"record", "reply", "request"}},
+		{name: "all", args: nil, code: exitOK, wantKeys: []string{"record", "reply", "request", "health", "capabilities"}},
 		{name: "request", args: []string{"request"}, code: exitOK, wantID: contract.SchemaID("request")},
 		{name: "reply", args: []string{"reply"}, code: exitOK, wantID: contract.SchemaID("reply")},
 		{name: "record", args: []string{"record"}, code: exitOK, wantID: contract.SchemaID("record")},
 		{name: "unknown", args: []string{"answer"}, code: exitUsage, stderr: `unknown schema "answer"`},
-		{name: "too many", args: []string{"request", "reply"}, code: exitUsage, stderr: "usage: sys1 schema [request|reply|record]"},
+		{name: "too many", args: []string{"request", "reply"}, code: exitUsage, stderr: "usage: sys1 schema [request|reply|record|health|capabilities]"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -501,11 +501,93 @@ func streamChanges(have, want jetstream.StreamConfig) []string {
 
 // EnsureWorkerConsumer creates or updates the shared worker consumer.
 func EnsureWorkerConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
-	cons, err := js.CreateOrUpdateConsumer(ctx, c.RequestsStream, c.WorkerConsumerConfig())
+	return ensureRequestConsumer(ctx, js, c.RequestsStream, c.WorkerConsumerConfig())
+}
+
+// ensureRequestConsumer creates or updates a request consumer, keeping a pause an operator
+// set (sys1 pause): a replica starting while the fleet is paused must not resume it.
+func ensureRequestConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	if have, err := js.Consumer(ctx, stream, want.Durable); err == nil {
+		info := have.CachedInfo()
+		cfg := info.Config
+		if info.Paused && cfg.PauseUntil != nil && cfg.PauseUntil.After(time.Now()) {
+			want.PauseUntil = cfg.PauseUntil
+			for k, v := range cfg.Metadata {
+				if strings.HasPrefix(k, PauseMetadataPrefix) {
+					if want.Metadata == nil {
+						want.Metadata = map[string]string{}
+					}
+					want.Metadata[k] = v
+				}
+			}
+		}
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, stream, want)
 	if err != nil {
-		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.WorkerConsumer, c.RequestsStream, err)
+		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", want.Durable, stream, err)
 	}
 	return cons, nil
+}
+
+// Pause metadata: a paused consumer's metadata says why and who paused it (JetStream keeps
+// only the time).
+const (
+	PauseMetadataPrefix = "sys1.pause."
+	PauseReasonKey      = PauseMetadataPrefix + "reason"
+	PausedAtKey         = PauseMetadataPrefix + "at"
+)
+
+// Pause pauses a request consumer until the given time (JetStream consumer pause, nats-server
+// 2.11+): no replica receives anything from it meanwhile; what is queued waits in the stream.
+func Pause(ctx context.Context, js jetstream.JetStream, stream, consumer string, until time.Time, reason string) error {
+	cons, err := js.Consumer(ctx, stream, consumer)
+	if err != nil {
+		return fmt.Errorf("consumer %s on %s: %w", consumer, stream, err)
+	}
+	cfg := cons.CachedInfo().Config
+	meta := map[string]string{}
+	for k, v := range cfg.Metadata {
+		if !strings.HasPrefix(k, PauseMetadataPrefix) && !strings.HasPrefix(k, "_nats.") {
+			meta[k] = v
+		}
+	}
+	if reason != "" {
+		meta[PauseReasonKey] = reason
+	}
+	meta[PausedAtKey] = time.Now().UTC().Format(time.RFC3339)
+	cfg.Metadata = meta
+	// The reason goes in the metadata first; the pause itself is the pause API's (an update
+	// cannot pause a consumer that exists).
+	if _, err := js.UpdateConsumer(ctx, stream, cfg); err != nil {
+		return fmt.Errorf("pause consumer %s on %s: record the reason: %w", consumer, stream, err)
+	}
+	if _, err := js.PauseConsumer(ctx, stream, consumer, until); err != nil {
+		return fmt.Errorf("pause consumer %s on %s: %w", consumer, stream, err)
+	}
+	return nil
+}
+
+// Resume ends a consumer's pause at once and clears its reason.
+func Resume(ctx context.Context, js jetstream.JetStream, stream, consumer string) error {
+	cons, err := js.Consumer(ctx, stream, consumer)
+	if err != nil {
+		return fmt.Errorf("consumer %s on %s: %w", consumer, stream, err)
+	}
+	cfg := cons.CachedInfo().Config
+	meta := map[string]string{}
+	for k, v := range cfg.Metadata {
+		if !strings.HasPrefix(k, PauseMetadataPrefix) && !strings.HasPrefix(k, "_nats.") {
+			meta[k] = v
+		}
+	}
+	if _, err := js.ResumeConsumer(ctx, stream, consumer); err != nil {
+		return fmt.Errorf("resume consumer %s on %s: %w", consumer, stream, err)
+	}
+	cfg.Metadata, cfg.PauseUntil = meta, nil
+	if _, err := js.UpdateConsumer(ctx, stream, cfg); err != nil {
+		return fmt.Errorf("resume consumer %s on %s: clear the reason: %w", consumer, stream, err)
+	}
+	return nil
 }
 
 // EnsureDeadLetterConsumer creates or updates the workers' consumer of dead letters.
@@ -519,11 +601,7 @@ func EnsureDeadLetterConsumer(ctx context.Context, js jetstream.JetStream, c Con
 
 // EnsureBatchConsumer creates or updates the shared batch consumer.
 func EnsureBatchConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
-	cons, err := js.CreateOrUpdateConsumer(ctx, c.RequestsStream, c.BatchConsumerConfig())
-	if err != nil {
-		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.BatchConsumer, c.RequestsStream, err)
-	}
-	return cons, nil
+	return ensureRequestConsumer(ctx, js, c.RequestsStream, c.BatchConsumerConfig())
 }
 
 // EnsureSinkConsumer creates or updates the sink's consumer on SYS1_RUNS.

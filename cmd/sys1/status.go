@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sys1hq/sys1/worker"
+)
+
+func init() {
+	register(command{name: "status", summary: "every replica's health, the queues and the pause state", run: runStatus})
+}
+
+const statusUsage = `usage: sys1 status [--json] [--wait 2s]
+
+Asks every worker replica over NATS (micro service sys1, subject sys1.svc.health) and prints
+one line per replica — its status (ok, degraded, down, paused), providers and in-flight
+work — then the shared consumers' pending and ack-pending counts and the pause state.
+Exit status: 0 when every replica is ok or degraded, 1 when one is down or none answered, 2
+on usage or connection errors. NATS settings as for sys1 decide (SYS1_NATS_*).
+`
+
+// fleetStatus is what sys1 status --json prints.
+type fleetStatus struct {
+	Replicas  []worker.Health        `json:"replicas"`
+	Consumers []worker.ConsumerState `json:"consumers"`
+	Paused    *worker.PauseState     `json:"paused"`
+}
+
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, statusUsage); fs.PrintDefaults() }
+	asJSON := fs.Bool("json", false, "print JSON")
+	wait := fs.Duration("wait", 2*time.Second, "how long to wait for the replicas' answers")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 || *wait <= 0 {
+		fs.Usage()
+		return exitUsage
+	}
+	topo, conn, code := openTopology(ctx, "sys1 status", stderr)
+	if conn == nil {
+		return code
+	}
+	defer conn.Close()
+	answers, err := worker.AskFleet(ctx, conn.NC, worker.HealthSubject, *wait)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 status: %v\n", err)
+		return exitUsage
+	}
+	st := fleetStatus{Replicas: []worker.Health{}, Consumers: []worker.ConsumerState{}}
+	for _, a := range answers {
+		var h worker.Health
+		if err := json.Unmarshal(a, &h); err != nil {
+			fmt.Fprintf(stderr, "sys1 status: a replica answered something that is not health: %v\n", err)
+			continue
+		}
+		st.Replicas = append(st.Replicas, h)
+	}
+	sort.Slice(st.Replicas, func(i, j int) bool { return st.Replicas[i].Replica < st.Replicas[j].Replica })
+	// The queues as JetStream sees them now, not as the replicas last read them.
+	for _, name := range []string{topo.WorkerConsumer, topo.BatchConsumer} {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		cs := worker.ConsumerState{Name: name}
+		cons, err := conn.JS.Consumer(cctx, topo.RequestsStream, name)
+		cancel()
+		if err != nil {
+			if name == topo.BatchConsumer {
+				continue // no batch consumer yet: nothing to show
+			}
+			cs.Error = err.Error()
+		} else {
+			info := cons.CachedInfo()
+			cs.Pending, cs.AckPending, cs.Redelivery = info.NumPending, info.NumAckPending, info.NumRedelivered
+			cs.Paused = worker.PauseOf(info)
+		}
+		if name == topo.WorkerConsumer {
+			st.Paused = cs.Paused
+		}
+		st.Consumers = append(st.Consumers, cs)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st)
+	} else {
+		printStatus(stdout, st)
+	}
+	if len(st.Replicas) == 0 {
+		if !*asJSON {
+			fmt.Fprintln(stderr, "sys1 status: no replica answered (is any sys1 worker connected to this NATS?)")
+		}
+		return exitFailed
+	}
+	for _, h := range st.Replicas {
+		if h.Status == worker.HealthDown {
+			return exitFailed
+		}
+	}
+	return exitOK
+}
+
+func printStatus(out io.Writer, st fleetStatus) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "REPLICA\tSTATUS\tVERSION\tPROVIDERS\tIN FLIGHT\tCALLS")
+	for _, h := range st.Replicas {
+		provs := make([]string, 0, len(h.Providers))
+		for _, p := range h.Providers {
+			state := "up"
+			if !p.OK {
+				state = "down"
+			}
+			if p.Breaker != "" && p.Breaker != "closed" {
+				state += "/" + string(p.Breaker)
+			}
+			provs = append(provs, p.Name+" "+state)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", h.Replica, h.Status, h.Version, strings.Join(provs, ", "), h.InFlight.Messages, h.InFlight.ProviderCalls)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(out)
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tPENDING\tACK PENDING\tREDELIVERED\tPAUSED")
+	for _, c := range st.Consumers {
+		if c.Error != "" {
+			fmt.Fprintf(tw, "%s\t?\t?\t?\t%s\n", c.Name, c.Error)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", c.Name, c.Pending, c.AckPending, c.Redelivery, describePause(c.Paused))
+	}
+	_ = tw.Flush()
+}
+
+func describePause(p *worker.PauseState) string {
+	if p == nil {
+		return "no"
+	}
+	s := "until resumed"
+	if p.Until != nil {
+		s = "until " + p.Until.Format(time.RFC3339)
+	}
+	if p.Reason != "" {
+		s += " (" + p.Reason + ")"
+	}
+	return s
+}

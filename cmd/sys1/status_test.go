@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
+)
+
+// startEmbeddedWorker runs `sys1 worker` with the simulator and an embedded NATS, and points
+// client commands at it.
+func startEmbeddedWorker(t *testing.T, extraEnv ...string) {
+	t.Helper()
+	port := freePort(t)
+	t.Setenv("SYS1_NATS_URL", "")
+	t.Setenv("SYS1_NATS_LISTEN", fmt.Sprintf("127.0.0.1:%d", port))
+	t.Setenv("SYS1_DATA_DIR", t.TempDir())
+	t.Setenv("SYS1_PROVIDER", "simulator")
+	t.Setenv("SYS1_WORKER_ID", "cli-replica")
+	t.Setenv("SYS1_STATUS_INTERVAL", "50ms")
+	for i := 0; i+1 < len(extraEnv); i += 2 {
+		t.Setenv(extraEnv[i], extraEnv[i+1])
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var stderr natstest.Buffer
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, []string{"worker"}, &bytes.Buffer{}, &stderr) }()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+		}
+	})
+	natstest.WaitFor(t, 30*time.Second, "the worker to start", func() bool {
+		select {
+		case c := <-exited:
+			t.Fatalf("worker exited with %d:\n%s", c, stderr.String())
+		default:
+		}
+		return strings.Contains(stderr.String(), "worker started")
+	})
+	t.Setenv("SYS1_NATS_URL", fmt.Sprintf("nats://127.0.0.1:%d", port))
+}
+
+func runCmd(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// TestStatusPauseResume: sys1 status lists the replica and the queues; sys1 pause pauses
+// the fleet (health says paused, with the reason), sys1 resume ends it.
+func TestStatusPauseResume(t *testing.T) {
+	startEmbeddedWorker(t)
+	natstest.WaitFor(t, 10*time.Second, "the replica in sys1 status", func() bool {
+		code, out, _ := runCmd(t, "status")
+		return code == exitOK && strings.Contains(out, "cli-replica") && strings.Contains(out, "ok")
+	})
+	code, out, errOut := runCmd(t, "pause", "--for", "10m", "--reason", "deploying nimble 2")
+	if code != exitOK || !strings.Contains(out, "paused sys1-worker until") {
+		t.Fatalf("pause: %d %s %s", code, out, errOut)
+	}
+	var st fleetStatus
+	natstest.WaitFor(t, 10*time.Second, "the replica to say paused", func() bool {
+		code, out, _ := runCmd(t, "status", "--json")
+		if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || len(st.Replicas) != 1 {
+			return false
+		}
+		return st.Replicas[0].Status == "paused"
+	})
+	if st.Paused == nil || st.Paused.Reason != "deploying nimble 2" || st.Paused.Until == nil || time.Until(*st.Paused.Until) < 9*time.Minute {
+		t.Errorf("pause state %+v", st.Paused)
+	}
+	_, out, _ = runCmd(t, "status")
+	if !strings.Contains(out, "deploying nimble 2") || !strings.Contains(out, "sys1-worker") {
+		t.Errorf("status text:\n%s", out)
+	}
+	if code, out, errOut := runCmd(t, "resume"); code != exitOK || !strings.Contains(out, "resumed sys1-worker") {
+		t.Fatalf("resume: %d %s %s", code, out, errOut)
+	}
+	natstest.WaitFor(t, 10*time.Second, "the replica to say ok again", func() bool {
+		code, out, _ := runCmd(t, "status", "--json")
+		return code == exitOK && json.Unmarshal([]byte(out), &st) == nil && len(st.Replicas) == 1 && st.Replicas[0].Status == "ok" && st.Paused == nil
+	})
+	// Without an end, the pause lasts until resumed.
+	if code, out, _ := runCmd(t, "pause"); code != exitOK || !strings.Contains(out, "until sys1 resume") {
+		t.Fatalf("pause without an end: %d %s", code, out)
+	}
+	natstest.WaitFor(t, 10*time.Second, "paused until resumed", func() bool {
+		code, out, _ := runCmd(t, "status", "--json")
+		return code == exitOK && json.Unmarshal([]byte(out), &st) == nil && st.Paused != nil && st.Paused.Until == nil
+	})
+}
+
+func TestPauseUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"pause", "--for", "-1m"},
+		{"pause", "--for", "1m", "--until", "2030-01-01T00:00:00Z"},
+		{"pause", "--until", "tomorrow"},
+		{"pause", "--until", "2001-01-01T00:00:00Z"},
+		{"pause", "extra"},
+		{"resume", "extra"},
+		{"status", "extra"},
+	} {
+		if code, _, _ := runCmd(t, args...); code != exitUsage {
+			t.Errorf("%v: exit %d, want %d", args, code, exitUsage)
+		}
+	}
+}
+
+// TestStatusWithNoReplica: nobody answering is exit 1 with a clear message, not a hang.
+func TestStatusWithNoReplica(t *testing.T) {
+	srv := natstest.Start(t)
+	t.Setenv("SYS1_NATS_URL", srv.ClientURL())
+	code, _, errOut := runCmd(t, "status", "--wait", "300ms")
+	if code != exitFailed || !strings.Contains(errOut, "no replica answered") {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+}

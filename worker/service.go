@@ -1,0 +1,304 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider/chain"
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+// The NATS micro service every replica registers: `nats micro ls` lists the replicas, and
+// its two endpoints answer what a replica is and how it is doing. Every replica answers every
+// request (no queue group), so one request gathers the whole fleet (sys1 status).
+const (
+	ServiceName         = "sys1"
+	HealthSubject       = "sys1.svc.health"
+	CapabilitiesSubject = "sys1.svc.capabilities"
+)
+
+// Health statuses: the provider chain's (ok, degraded, down), or paused when the fleet's
+// interactive consumer is paused.
+const (
+	HealthOK       = chain.StatusOK
+	HealthDegraded = chain.StatusDegraded
+	HealthDown     = chain.StatusDown
+	HealthPaused   = "paused"
+)
+
+// Health is what sys1.svc.health answers.
+type Health struct {
+	Status        string             `json:"status"`
+	Replica       string             `json:"replica"`
+	Version       string             `json:"version"`
+	SchemaVersion int                `json:"schema_version"`
+	Providers     []chain.LinkHealth `json:"providers"`
+	InFlight      InFlight           `json:"in_flight"`
+	Consumers     []ConsumerState    `json:"consumers"`
+	// Paused is set while the interactive consumer is paused.
+	Paused    *PauseState `json:"paused,omitempty"`
+	CheckedAt time.Time   `json:"checked_at"`
+}
+
+// InFlight counts what a replica holds.
+type InFlight struct {
+	Messages      int64 `json:"messages"`
+	ProviderCalls int64 `json:"provider_calls"`
+}
+
+// ConsumerState is a shared consumer as the replica last saw it (every SYS1_STATUS_INTERVAL).
+type ConsumerState struct {
+	Name       string      `json:"name"`
+	Pending    uint64      `json:"pending"`
+	AckPending int         `json:"ack_pending"`
+	Redelivery int         `json:"redelivered"`
+	Paused     *PauseState `json:"paused,omitempty"`
+	// Error says why the state is unknown, when it is.
+	Error string `json:"error,omitempty"`
+}
+
+// PauseState is a consumer's pause: until when (nil: until resumed), why, since when.
+type PauseState struct {
+	Until  *time.Time `json:"until"`
+	Reason string     `json:"reason,omitempty"`
+	Since  string     `json:"since,omitempty"`
+}
+
+// Capabilities is what sys1.svc.capabilities answers: what this replica accepts and how it is
+// set up. Never a secret.
+type Capabilities struct {
+	Replica        string            `json:"replica"`
+	Version        string            `json:"version"`
+	SchemaVersions map[string]int    `json:"schema_versions"`
+	Chain          chain.Description `json:"chain"`
+	DefaultModel   string            `json:"default_model"`
+	AllowedModels  []string          `json:"allowed_models"`
+	Limits         Limits            `json:"limits"`
+	Concurrency    int               `json:"concurrency"`
+	MaxDeliver     int               `json:"max_deliver"`
+	ConsumerMax    int               `json:"consumer_max_deliver"`
+	AuthMode       string            `json:"auth_mode"`
+	// Schemas are the JSON Schemas of the request, reply and run record (sys1 schema).
+	Schemas map[string]json.RawMessage `json:"schemas"`
+}
+
+// Limits are the contract's bounds and the deployment's.
+type Limits struct {
+	MaxQuestions         int   `json:"max_questions"`
+	MinOptions           int   `json:"min_options"`
+	MaxOptions           int   `json:"max_options"`
+	MaxLevels            int   `json:"max_levels"`
+	MaxImages            int   `json:"max_images"`
+	MaxTextBytes         int   `json:"max_text_bytes"`
+	MaxImageRequestBytes int   `json:"max_image_request_bytes"`
+	MaxMessageBytes      int32 `json:"max_message_bytes"`
+	MaxStoredBytes       int   `json:"max_stored_bytes"`
+}
+
+// serviceVersion is the product version as micro needs it (SemVer); a development build is
+// 0.0.0-dev.
+func serviceVersion(v string) string {
+	if semver.MatchString(v) {
+		return v
+	}
+	if v2 := "0.0.0-" + sanitiseSemverPart(v); semver.MatchString(v2) {
+		return v2
+	}
+	return "0.0.0-dev"
+}
+
+var (
+	semver       = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
+	notSemverRun = regexp.MustCompile(`[^0-9A-Za-z-]+`)
+)
+
+func sanitiseSemverPart(v string) string {
+	v = notSemverRun.ReplaceAllString(v, "-")
+	if v == "" {
+		return "dev"
+	}
+	return v
+}
+
+// startService registers the replica's micro service; stop it with the returned function.
+func (w *Worker) startService() (stop func(), err error) {
+	svc, err := micro.AddService(w.opt.NC, micro.Config{
+		Name:               ServiceName,
+		Version:            serviceVersion(w.opt.Version),
+		Description:        "sys1 worker replica: System One decisions from JetStream",
+		Metadata:           map[string]string{"replica": w.cfg.ID},
+		QueueGroupDisabled: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("register the micro service %s: %w", ServiceName, err)
+	}
+	respond := func(name string, build func() any) micro.HandlerFunc {
+		return func(req micro.Request) {
+			b, err := json.Marshal(build())
+			if err != nil {
+				_ = req.Error("500", "could not encode the "+name, nil)
+				return
+			}
+			_ = req.Respond(b)
+		}
+	}
+	if err := svc.AddEndpoint("health", respond("health", func() any { return w.Health() }), micro.WithEndpointSubject(HealthSubject)); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("micro endpoint %s: %w", HealthSubject, err)
+	}
+	if err := svc.AddEndpoint("capabilities", respond("capabilities", func() any { return w.Capabilities() }), micro.WithEndpointSubject(CapabilitiesSubject)); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("micro endpoint %s: %w", CapabilitiesSubject, err)
+	}
+	return func() { _ = svc.Stop() }, nil
+}
+
+// fleet is the shared consumers' state, refreshed by watchFleet.
+type fleet struct {
+	consumers atomic.Pointer[[]ConsumerState]
+}
+
+// watchFleet reads the shared consumers' state every interval until ctx ends, so health and
+// /metrics answer without a JetStream round trip and a pause shows on every replica within
+// one interval.
+func (w *Worker) watchFleet(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		w.refreshFleet(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (w *Worker) refreshFleet(ctx context.Context) {
+	names := []string{w.opt.Topology.WorkerConsumer}
+	out := make([]ConsumerState, 0, len(names))
+	for _, name := range names {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st := ConsumerState{Name: name}
+		cons, err := w.opt.JS.Consumer(cctx, w.opt.Topology.RequestsStream, name)
+		if err == nil {
+			info := cons.CachedInfo()
+			st.Pending, st.AckPending, st.Redelivery = info.NumPending, info.NumAckPending, info.NumRedelivered
+			st.Paused = PauseOf(info)
+		} else if !errors.Is(err, context.Canceled) {
+			st.Error = err.Error()
+		}
+		cancel()
+		out = append(out, st)
+	}
+	w.fleet.consumers.Store(&out)
+}
+
+// PauseOf is a consumer's pause, nil when it is not paused.
+func PauseOf(info *jetstream.ConsumerInfo) *PauseState {
+	if !info.Paused || info.Config.PauseUntil == nil || !info.Config.PauseUntil.After(time.Now()) {
+		return nil
+	}
+	p := &PauseState{Reason: info.Config.Metadata[topology.PauseReasonKey], Since: info.Config.Metadata[topology.PausedAtKey]}
+	if until := info.Config.PauseUntil.UTC(); until.Before(time.Now().Add(UntilResumed / 2)) {
+		p.Until = &until
+	}
+	return p
+}
+
+// UntilResumed is how far ahead a pause without an end is set (JetStream needs a time): far
+// enough that it only ends by sys1 resume.
+const UntilResumed = 100 * 365 * 24 * time.Hour
+
+// Health is the replica's health now.
+func (w *Worker) Health() Health {
+	ch := w.chain.Health()
+	h := Health{
+		Status: ch.Status, Replica: w.cfg.ID, Version: w.opt.Version, SchemaVersion: contract.RecordSchemaVersion,
+		Providers: ch.Providers, CheckedAt: time.Now().UTC(),
+		InFlight:  InFlight{Messages: w.stats.inFlight.Load(), ProviderCalls: w.stats.providerNow.Load()},
+		Consumers: []ConsumerState{},
+	}
+	if cs := w.fleet.consumers.Load(); cs != nil {
+		h.Consumers = *cs
+		for _, c := range *cs {
+			if c.Name == w.opt.Topology.WorkerConsumer && c.Paused != nil {
+				h.Status, h.Paused = HealthPaused, c.Paused
+			}
+		}
+	}
+	return h
+}
+
+// Capabilities is what the replica accepts and how it is set up.
+func (w *Worker) Capabilities() Capabilities {
+	c := Capabilities{
+		Replica: w.cfg.ID, Version: w.opt.Version,
+		SchemaVersions: map[string]int{"record": contract.RecordSchemaVersion},
+		Chain:          w.chain.Describe(),
+		DefaultModel:   w.opt.Policy.DefaultModel,
+		AllowedModels:  append([]string{}, w.opt.Policy.AllowedModels...),
+		Limits: Limits{
+			MaxQuestions: contract.MaxQuestions, MinOptions: contract.MinOptions, MaxOptions: contract.MaxOptions,
+			MaxLevels: contract.MaxLevels, MaxImages: contract.MaxImages, MaxTextBytes: contract.MaxTextBytes,
+			MaxImageRequestBytes: contract.MaxImageRequestBytes, MaxMessageBytes: w.opt.Topology.MaxMsgSize,
+			MaxStoredBytes: w.storeLimit(),
+		},
+		Concurrency: w.cfg.Concurrency, MaxDeliver: w.cfg.MaxDeliver, ConsumerMax: w.opt.Topology.ConsumerMaxDeliver,
+		AuthMode: w.opt.Auth.Mode(),
+		Schemas:  map[string]json.RawMessage{},
+	}
+	for _, name := range []string{"request", "reply", "record"} {
+		if b, err := contract.Schema(name); err == nil {
+			c.Schemas[name] = b
+		}
+	}
+	return c
+}
+
+// AskFleet asks every replica's micro service on subject (HealthSubject or
+// CapabilitiesSubject) and returns their answers, raw. It first pings the service to learn
+// how many replicas there are, then waits for that many answers or until wait passes.
+func AskFleet(ctx context.Context, nc *nats.Conn, subject string, wait time.Duration) ([][]byte, error) {
+	// Pings come back fast; the wait only bounds a slow replica.
+	pings, err := gather(ctx, nc, "$SRV.PING."+ServiceName, 0, min(wait, 500*time.Millisecond))
+	if err != nil || len(pings) == 0 {
+		return nil, err
+	}
+	return gather(ctx, nc, subject, len(pings), wait)
+}
+
+// gather sends one request to subject and collects the answers until want have arrived (0:
+// until wait passes) or wait passes.
+func gather(ctx context.Context, nc *nats.Conn, subject string, want int, wait time.Duration) ([][]byte, error) {
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to %s: %w", inbox, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest(subject, inbox, nil); err != nil {
+		return nil, fmt.Errorf("ask %s: %w", subject, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	var out [][]byte
+	for want == 0 || len(out) < want {
+		m, err := sub.NextMsgWithContext(wctx)
+		if err != nil {
+			break // wait passed, or ctx ended (reported below)
+		}
+		out = append(out, m.Data)
+	}
+	return out, ctx.Err()
+}
