@@ -112,7 +112,9 @@ func TestReplicasAnswerHealthAndCapabilitiesOverMicro(t *testing.T) {
 func TestHealthSaysDegradedDownAndPaused(t *testing.T) {
 	h := newHarness(t)
 	hosted := systemonetest.New(t)
-	h.start(h.chainOf(hosted, 5), func(o *replicaOpts) { o.cfg.ProbeInterval, o.cfg.StatusInterval = 50*time.Millisecond, 50*time.Millisecond })
+	h.start(h.chainOf(hosted, 5), func(o *replicaOpts) {
+		o.cfg.ProbeInterval, o.cfg.StatusInterval = 50*time.Millisecond, 50*time.Millisecond
+	})
 	status := func() string { return h.fleetHealth(1)[0].Status }
 	waitFor(t, "ok", 10*time.Second, func() bool { return status() == worker.HealthOK })
 	h.fake.SetVersion("0.20.0") // too old for System One: the primary's probe fails
