@@ -8,6 +8,12 @@
 //	body, _ := res.MarshalJSON()                  // wire order, state/instructions byte for byte
 //	resp, err := contract.DecodeResponse(res, b)  // the provider's answer, checked against res
 //	stored := contract.Redact(res)                // for run records: images become hashes
+//	rec = *rec.RedactContent(contract.RecordHash) // SYS1_RECORD_STATE, where the record is made
+//
+// Beside the answers, which stay verbatim, replies and records carry the policy's Verdicts
+// (an object keyed by question name, in request order) and a ReviewRef; review items carry
+// one question to a reviewer; labels come back strictly decoded (DecodeLabel) and checked
+// against the answer they label (CheckLabel), which gives the canonical text ClickHouse keeps.
 //
 // Order is part of the contract: questions, choice options and every object inside state and
 // instructions keep their key order end to end (upstream derives option letters and

@@ -1,7 +1,6 @@
 package contract
 
 import (
-	"encoding/json"
 	"time"
 )
 
@@ -14,7 +13,7 @@ const (
 	StatusFailed  Status = "failed"
 )
 
-// Attempt outcomes (SPEC §4).
+// Attempt outcomes (SPEC §4, §8).
 const (
 	OutcomeOK          = "ok"
 	OutcomeTimeout     = "timeout"
@@ -22,10 +21,17 @@ const (
 	OutcomeMalformed   = "malformed"
 	OutcomeBusy        = "busy"
 	OutcomeUnavailable = "unavailable"
-	// OutcomeSkipped is a provider of the chain passed over without a call: it has no mapping
-	// for the requested model, or its circuit breaker is open (SPEC §8).
+	// OutcomeSkipped is a provider passed over without a call: no model mapped for the
+	// requested one, or its circuit is open. Detail says which.
 	OutcomeSkipped = "skipped"
+	// OutcomeCache is an answer served from the exact result cache: no provider was called.
+	OutcomeCache = "cache"
 )
+
+// Outcomes returns every attempt outcome in documentation order; schemas are checked against it.
+func Outcomes() []string {
+	return []string{OutcomeOK, OutcomeTimeout, OutcomeError, OutcomeMalformed, OutcomeBusy, OutcomeUnavailable, OutcomeSkipped, OutcomeCache}
+}
 
 // Result is what a successful run produced: the provider's answers verbatim, in request order.
 type Result struct {
@@ -35,11 +41,11 @@ type Result struct {
 	Usage    Usage    `json:"usage"`
 }
 
-// Attempt is one provider call of one delivery (or one provider of the chain skipped).
+// Attempt is one provider call of one delivery.
 type Attempt struct {
 	Provider string `json:"provider"`
-	// Model is the model sent to that provider (after its model map); empty when nothing was
-	// sent because the provider has no mapping for the requested model.
+	// Model is the model sent to this provider (after its model map); empty when nothing was
+	// sent (a skipped provider with no mapping).
 	Model     string `json:"model"`
 	Outcome   string `json:"outcome"`
 	LatencyMS int64  `json:"latency_ms"`
@@ -53,13 +59,18 @@ type Attempt struct {
 
 // Reply is the envelope published to Sys1-Reply-To (SPEC §4).
 type Reply struct {
-	RunID     string    `json:"run_id"`
-	Status    Status    `json:"status"`
-	Result    *Result   `json:"result"`
-	Error     *Error    `json:"error"`
-	Attempts  []Attempt `json:"attempts"`
-	QueuedMS  int64     `json:"queued_ms"`
-	LatencyMS int64     `json:"latency_ms"`
+	RunID  string  `json:"run_id"`
+	Status Status  `json:"status"`
+	Result *Result `json:"result"`
+	// Verdicts are the abstention policy's verdicts, one per question in request order; nil
+	// (and absent from the JSON) when no policy is configured or the run failed.
+	Verdicts Verdicts `json:"verdicts,omitempty"`
+	// Review is set when at least one question went to human review.
+	Review    *ReviewRef `json:"review,omitempty"`
+	Error     *Error     `json:"error"`
+	Attempts  []Attempt  `json:"attempts"`
+	QueuedMS  int64      `json:"queued_ms"`
+	LatencyMS int64      `json:"latency_ms"`
 }
 
 // Caller kinds (SPEC §6).
@@ -69,8 +80,14 @@ const (
 	CallerKindJWT       = "jwt"
 )
 
-// RecordSchemaVersion is the version of the RunRecord shape; bump it on any change.
-const RecordSchemaVersion = 1
+// RecordSchemaVersion is the version of the RunRecord shape; bump it on any change. Version 2
+// added batch_id, item_id, record_state, verdicts, review, cache_hit, cost_usd, trace_id and
+// attempts[].model; a version 1 record reads as a version 2 one with those empty (cost_usd
+// null: unknown, not free).
+const RecordSchemaVersion = 2
+
+// MinRecordSchemaVersion is the oldest record shape readers still accept.
+const MinRecordSchemaVersion = 1
 
 // RunRecord is the one durable record of a run (SPEC §6), published to sys1.runs.<status>.
 type RunRecord struct {
@@ -83,6 +100,10 @@ type RunRecord struct {
 	Roles      []string `json:"roles"`
 	Scopes     []string `json:"scopes"`
 	Subject    string   `json:"subject"`
+	// BatchID and ItemID name a batch run (sys1.batch.<caller>.<batch id>, run id
+	// "<batch id>:<item id>"); both are empty for interactive runs.
+	BatchID string `json:"batch_id"`
+	ItemID  string `json:"item_id"`
 
 	// delivery
 	StreamSeq   uint64    `json:"stream_seq"`
@@ -105,16 +126,27 @@ type RunRecord struct {
 	RequestedModel string `json:"requested_model"`
 	// Request is the resolved request with images redacted; nil when the request could not be
 	// decoded or must not be stored (unauthenticated, forbidden).
-	Request  *Request   `json:"request"`
-	Images   []ImageRef `json:"images"`
-	Result   *Result    `json:"result"`
+	Request *Request `json:"request"`
+	// RecordState is the form Request's state and instructions are in (see RedactContent);
+	// empty means as the caller sent them, with SYS1_RECORD_STATE not yet applied.
+	RecordState RecordState `json:"record_state"`
+	Images      []ImageRef  `json:"images"`
+	Result      *Result     `json:"result"`
+	// Verdicts and Review are the reply's (absent without a policy).
+	Verdicts Verdicts   `json:"verdicts,omitempty"`
+	Review   *ReviewRef `json:"review,omitempty"`
 	Attempts []Attempt  `json:"attempts"`
-	ReplyTo  string     `json:"reply_to"`
+	// CacheHit is true when the result came from the exact result cache (no provider call).
+	CacheHit bool `json:"cache_hit"`
+	// CostUSD is what the run cost, priced from the attempt that answered; nil (JSON null)
+	// when the model is unpriced or nothing answered; 0 only when it really cost nothing (a
+	// cache hit).
+	CostUSD *float64 `json:"cost_usd"`
+	ReplyTo string   `json:"reply_to"`
 
 	// provenance
 	Worker  string `json:"worker"`
 	Version string `json:"version"`
+	// TraceID is the W3C trace id (32 hex digits) of the run's trace; empty without tracing.
+	TraceID string `json:"trace_id"`
 }
-
-// keep the json import used even before custom codecs land.
-var _ = json.Marshal

@@ -13,7 +13,7 @@ import (
 
 // MarshalJSON encodes the SPEC §4 envelope.
 func (r Reply) MarshalJSON() ([]byte, error) {
-	n := 256 + 160*len(r.Attempts)
+	n := 256 + 160*len(r.Attempts) + 96*len(r.Verdicts)
 	if r.Result != nil {
 		n += answersSize(r.Result.Answers)
 	}
@@ -31,6 +31,14 @@ func (r *Reply) AppendJSON(b []byte) []byte {
 		b = r.Result.AppendJSON(b)
 	} else {
 		b = append(b, "null"...)
+	}
+	if len(r.Verdicts) > 0 {
+		b = append(b, `,"verdicts":`...)
+		b = appendVerdicts(b, r.Verdicts)
+	}
+	if r.Review != nil {
+		b = append(b, `,"review":`...)
+		b = r.Review.appendJSON(b)
 	}
 	b = append(b, `,"error":`...)
 	if r.Error != nil {
@@ -107,7 +115,7 @@ func appendStrings(b []byte, ss []string) []byte {
 
 // MarshalJSON encodes the SPEC §6 record.
 func (r RunRecord) MarshalJSON() ([]byte, error) {
-	n := 1024 + 160*len(r.Attempts) + 96*len(r.Images)
+	n := 1024 + 160*len(r.Attempts) + 96*len(r.Images) + 96*len(r.Verdicts)
 	if r.Request != nil {
 		n += r.Request.sizeHint()
 	}
@@ -133,6 +141,10 @@ func (r *RunRecord) AppendJSON(b []byte) []byte {
 	b = appendStrings(b, r.Scopes)
 	b = append(b, `,"subject":`...)
 	b = appendString(b, r.Subject)
+	b = append(b, `,"batch_id":`...)
+	b = appendString(b, r.BatchID)
+	b = append(b, `,"item_id":`...)
+	b = appendString(b, r.ItemID)
 	b = append(b, `,"stream_seq":`...)
 	b = strconv.AppendUint(b, r.StreamSeq, 10)
 	b = append(b, `,"deliveries":`...)
@@ -167,6 +179,8 @@ func (r *RunRecord) AppendJSON(b []byte) []byte {
 	} else {
 		b = append(b, "null"...)
 	}
+	b = append(b, `,"record_state":`...)
+	b = appendString(b, string(r.RecordState))
 	b = append(b, `,"images":[`...)
 	for i, im := range r.Images {
 		if i > 0 {
@@ -180,13 +194,34 @@ func (r *RunRecord) AppendJSON(b []byte) []byte {
 	} else {
 		b = append(b, "null"...)
 	}
+	if len(r.Verdicts) > 0 {
+		b = append(b, `,"verdicts":`...)
+		b = appendVerdicts(b, r.Verdicts)
+	}
+	if r.Review != nil {
+		b = append(b, `,"review":`...)
+		b = r.Review.appendJSON(b)
+	}
 	b = append(b, `,"attempts":`...)
 	b = appendAttempts(b, r.Attempts)
+	if r.CacheHit {
+		b = append(b, `,"cache_hit":true`...)
+	} else {
+		b = append(b, `,"cache_hit":false`...)
+	}
+	b = append(b, `,"cost_usd":`...)
+	if r.CostUSD != nil {
+		b = appendFloat(b, *r.CostUSD)
+	} else {
+		b = append(b, "null"...)
+	}
 	b = append(b, `,"reply_to":`...)
 	b = appendString(b, r.ReplyTo)
 	b = append(b, `,"worker":`...)
 	b = appendString(b, r.Worker)
 	b = append(b, `,"version":`...)
 	b = appendString(b, r.Version)
+	b = append(b, `,"trace_id":`...)
+	b = appendString(b, r.TraceID)
 	return append(b, '}')
 }

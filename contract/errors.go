@@ -10,7 +10,7 @@ import (
 // Code is a stable, public error code (SPEC §5). Producers branch on it, analysts group by it.
 type Code string
 
-// The error codes of SPEC §5, plus SYS1_NOT_CONFIGURED for a provider that was never configured.
+// The error codes of SPEC §5 and §8, plus SYS1_NOT_CONFIGURED for a provider that was never configured.
 const (
 	CodeInvalidInput        Code = "SYS1_INVALID_INPUT"
 	CodeModelNotAllowed     Code = "SYS1_MODEL_NOT_ALLOWED"
@@ -20,6 +20,7 @@ const (
 	CodeForbidden           Code = "SYS1_FORBIDDEN"
 	CodeRunIDConflict       Code = "SYS1_RUN_ID_CONFLICT"
 	CodeExpired             Code = "SYS1_EXPIRED"
+	CodeBudgetExceeded      Code = "SYS1_BUDGET_EXCEEDED"
 	CodeModelUnavailable    Code = "SYS1_MODEL_UNAVAILABLE"
 	CodeProviderUnavailable Code = "SYS1_PROVIDER_UNAVAILABLE"
 	CodeProviderBusy        Code = "SYS1_PROVIDER_BUSY"
@@ -36,14 +37,17 @@ type codeInfo struct {
 
 // codeTable is SPEC §5: the HTTP-like status of each code and whether the worker retries it.
 var codeTable = map[Code]codeInfo{
-	CodeInvalidInput:        {400, false},
-	CodeModelNotAllowed:     {400, false},
-	CodeRequestTooLarge:     {413, false},
-	CodeInvalidRequest:      {400, false},
-	CodeUnauthenticated:     {401, false},
-	CodeForbidden:           {403, false},
-	CodeRunIDConflict:       {409, false},
-	CodeExpired:             {408, false},
+	CodeInvalidInput:    {400, false},
+	CodeModelNotAllowed: {400, false},
+	CodeRequestTooLarge: {413, false},
+	CodeInvalidRequest:  {400, false},
+	CodeUnauthenticated: {401, false},
+	CodeForbidden:       {403, false},
+	CodeRunIDConflict:   {409, false},
+	CodeExpired:         {408, false},
+	// A spent budget is the caller's state, not a fault: redelivery would only spend again
+	// once the window resets, so it is answered at once (the message says when it resets).
+	CodeBudgetExceeded:      {429, false},
 	CodeModelUnavailable:    {503, true},
 	CodeProviderUnavailable: {503, true},
 	CodeProviderBusy:        {503, true},
@@ -58,7 +62,7 @@ var codeTable = map[Code]codeInfo{
 func Codes() []Code {
 	return []Code{
 		CodeInvalidInput, CodeModelNotAllowed, CodeRequestTooLarge, CodeInvalidRequest,
-		CodeUnauthenticated, CodeForbidden, CodeRunIDConflict, CodeExpired,
+		CodeUnauthenticated, CodeForbidden, CodeRunIDConflict, CodeExpired, CodeBudgetExceeded,
 		CodeModelUnavailable, CodeProviderUnavailable, CodeProviderBusy, CodeTimeout,
 		CodeUpstreamError, CodeInternal, CodeNotConfigured,
 	}

@@ -133,7 +133,7 @@ func FuzzDecodeResponse(f *testing.F) {
 // accepts encodes again, reads back to the same encoding, and DecodeRecord reads that encoding
 // to the same record.
 func FuzzUnmarshalRecord(f *testing.F) {
-	for _, name := range []string{"examples/record.json", "examples/reply.json", "examples/reply-failed.json"} {
+	for _, name := range []string{"examples/record.json", "testdata/record-v1.json", "examples/reply.json", "examples/reply-failed.json"} {
 		b, err := os.ReadFile(name)
 		if err != nil {
 			f.Fatal(err)
@@ -145,9 +145,13 @@ func FuzzUnmarshalRecord(f *testing.F) {
 		`{"result":{"answers":{"a":{"type":"score","legend":["x"],"probabilities":{"0":1}}}}}`,
 		`{"request":{"images":[{"sha256":"ab","bytes":-1},"iVBOR"]}}`,
 		`{"result":{"answers":{"a":1}}}`, `{"attempts":[{"started_at":"x"}]}`,
+		`{"verdicts":{"q":{"status":"reviewed","label":[1, 2],"calibrated":{"probabilities":{"a":1},"temperature":2}}},"cost_usd":0,"cache_hit":true}`,
+		`{"review":{"status":"pending"},"review":{"item":"x"},"cost_usd":null,"record_state":"hash"}`,
 	} {
 		f.Add([]byte(s))
 	}
+	full, _ := json.Marshal(fullRecord(f))
+	f.Add(full)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _ = DecodeRecord(data) // never panics, whatever the bytes
 		var rec RunRecord
@@ -171,6 +175,127 @@ func FuzzUnmarshalRecord(f *testing.F) {
 			t.Fatalf("re-encoding does not decode: %v\n%s", err, b1)
 		}
 		if b2 := again.AppendJSON(nil); !bytes.Equal(b1, b2) {
+			t.Fatalf("not stable:\n%s\n%s", b1, b2)
+		}
+	})
+}
+
+// FuzzUnmarshalReply: whatever json.Unmarshal reads into a Reply (the Go client's decoder:
+// verdicts, review and all) encodes again, and reads back to the same encoding.
+func FuzzUnmarshalReply(f *testing.F) {
+	for _, name := range []string{"examples/reply.json", "examples/reply-failed.json"} {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	full, _ := json.Marshal(Reply{RunID: "r", Status: StatusSuccess, Result: fullResult(), Verdicts: fullVerdicts(), Review: fullReview(), Attempts: fullAttempts()})
+	f.Add(full)
+	for _, s := range []string{`{}`, `{"verdicts":null}`, `{"verdicts":{"a":{"label":{"x":1}}},"review":null}`, `{"verdicts":{"a":{},"a":{}}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r Reply
+		if err := json.Unmarshal(data, &r); err != nil {
+			return
+		}
+		b1 := r.AppendJSON(nil)
+		if !json.Valid(b1) {
+			t.Fatalf("re-encoding is not JSON: %s", b1)
+		}
+		var again Reply
+		if err := json.Unmarshal(b1, &again); err != nil {
+			t.Fatalf("re-encoding does not decode: %v\n%s", err, b1)
+		}
+		if b2 := again.AppendJSON(nil); !bytes.Equal(b1, b2) {
+			t.Fatalf("not stable:\n%s\n%s", b1, b2)
+		}
+	})
+}
+
+// labelAnswers are one answer of each type, to check fuzzed labels against.
+var labelAnswers = []Answer{
+	{Name: "label", Type: TypeChoice, Choice: "bug", Probabilities: []Probability{{"billing", 0.1}, {"bug", 0.8}, {"a\"b", 0.1}}},
+	{Name: "refund", Type: TypeNoul, Noul: 0.3},
+	{Name: "urgency", Type: TypeScore, Score: 1.2, Probabilities: []Probability{{"0", 0.2}, {"1", 0.4}, {"2", 0.4}}},
+}
+
+// FuzzDecodeLabel: any submitted label is refused with SYS1_INVALID_INPUT or
+// SYS1_REQUEST_TOO_LARGE, or decodes to a label whose encoding decodes again to the same bytes;
+// checking it against an answer of each type never panics, and what passes reads as its
+// canonical text.
+func FuzzDecodeLabel(f *testing.F) {
+	if b, err := os.ReadFile("examples/label.json"); err == nil {
+		f.Add(b)
+	}
+	full, _ := json.Marshal(fullLabel())
+	f.Add(full)
+	for _, s := range []string{
+		``, `{}`, `[]`, `null`, `{"run_id":"r","question":"q","label":"bug"}`, `{"run_id":"r","question":"q","label":2}`,
+		`{"run_id":"r","question":" q ","label":false,"labelled_at":"2026-01-01T00:00:00+01:00"}`,
+		`{"run_id":"r","run_id":"s","question":"q","label":[1]}`, `{"run_id":"a b","question":"","label":{},"x":1}`,
+		`{"run_id":"r","question":"q","label":"\u00e9\ud83d\ude00","reviewer":"\u0007"}`, `{"run_id":"r","question":"q","label":1e400}`,
+		`{"run_id":"SYS1_REQUESTS~7~1700000000","question":"q","label":-0,"source":"review","item":"rv-1"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		l, derr := DecodeLabel(data)
+		if derr != nil {
+			if derr.Code != CodeInvalidInput && derr.Code != CodeRequestTooLarge {
+				t.Fatalf("unexpected code %s", derr.Code)
+			}
+			if !strings.HasPrefix(derr.Message, "["+string(derr.Code)+"] ") {
+				t.Fatalf("message %q", derr.Message)
+			}
+			return
+		}
+		b1 := l.AppendJSON(nil)
+		again, derr := DecodeLabel(b1)
+		if derr != nil {
+			t.Fatalf("the encoding of a valid label is invalid: %v\n%s", derr, b1)
+		}
+		if b2 := again.AppendJSON(nil); !bytes.Equal(b1, b2) {
+			t.Fatalf("not stable:\n%s\n%s", b1, b2)
+		}
+		for _, a := range labelAnswers {
+			text, cerr := CheckLabel(a, l.Value)
+			if cerr != nil {
+				if cerr.Code != CodeInvalidInput {
+					t.Fatalf("CheckLabel code %s", cerr.Code)
+				}
+				continue
+			}
+			if got, ok := LabelText(l.Value); !ok || got != text {
+				t.Fatalf("CheckLabel says %q, LabelText %q (%v) for %s", text, got, ok, l.Value)
+			}
+		}
+	})
+}
+
+// FuzzUnmarshalReviewItem: any bytes either fail to decode as a review item or decode to one
+// whose encoding decodes again to the same bytes.
+func FuzzUnmarshalReviewItem(f *testing.F) {
+	if b, err := os.ReadFile("examples/review-item.json"); err == nil {
+		f.Add(b)
+	}
+	full, _ := json.Marshal(fullReviewItem())
+	f.Add(full)
+	for _, s := range []string{`{}`, `{"options":{"a":null,"b":"x"},"probabilities":{"a":1}}`, `{"images":[{"sha256":"x","bytes":1}],"verdict":null}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var it ReviewItem
+		if err := json.Unmarshal(data, &it); err != nil {
+			return
+		}
+		b1, _ := it.MarshalJSON()
+		var again ReviewItem
+		if err := json.Unmarshal(b1, &again); err != nil {
+			t.Fatalf("re-encoding does not decode: %v\n%s", err, b1)
+		}
+		if b2, _ := again.MarshalJSON(); !bytes.Equal(b1, b2) {
 			t.Fatalf("not stable:\n%s\n%s", b1, b2)
 		}
 	})

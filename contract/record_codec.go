@@ -165,6 +165,10 @@ func (d *recordDecoder) field(r *RunRecord, key []byte) error {
 		return d.strings(&r.Scopes)
 	case "subject":
 		return d.str(&r.Subject)
+	case "batch_id":
+		return d.str(&r.BatchID)
+	case "item_id":
+		return d.str(&r.ItemID)
 	case "stream_seq":
 		return d.uint64(&r.StreamSeq)
 	case "deliveries":
@@ -215,16 +219,28 @@ func (d *recordDecoder) field(r *RunRecord, key []byte) error {
 		}
 		r.Result = new(Result)
 		return r.Result.UnmarshalJSON(b)
+	case "record_state":
+		return d.str((*string)(&r.RecordState))
 	case "images":
 		return d.images(r)
+	case "verdicts":
+		return d.verdicts(&r.Verdicts)
+	case "review":
+		return d.reviewRef(&r.Review)
 	case "attempts":
 		return d.attempts(r)
+	case "cache_hit":
+		return d.boolean(&r.CacheHit)
+	case "cost_usd":
+		return d.floatPtr(&r.CostUSD)
 	case "reply_to":
 		return d.str(&r.ReplyTo)
 	case "worker":
 		return d.str(&r.Worker)
 	case "version":
 		return d.str(&r.Version)
+	case "trace_id":
+		return d.str(&r.TraceID)
 	}
 	_, _, err := d.p.skip()
 	return err

@@ -31,6 +31,9 @@ type Request struct {
 	// KeepAlive is the keep_alive sent upstream. Decode always drops the caller's value; only
 	// Resolve sets it, from server policy. Nil means "omit".
 	KeepAlive json.RawMessage
+
+	// contentState is the form State and Instructions are in ("" = as sent); see RedactContent.
+	contentState RecordState
 }
 
 // Question is one named question.

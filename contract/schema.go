@@ -7,17 +7,19 @@ import (
 )
 
 // The JSON Schemas (draft 2020-12) of what the world sees: the request producers publish, the
-// reply they get, and the run record analysts query. `sys1 schema` prints them.
+// reply they get, the run record analysts query, the review items reviewers see, the labels
+// producers and reviewers submit, the reply to a label submission and a rejected label.
+// `sys1 schema` prints them.
 //
 //go:embed schema/*.schema.json
 var schemaFS embed.FS
 
-var schemaNames = []string{"request", "reply", "record", "health", "capabilities"}
+var schemaNames = []string{"request", "reply", "record", "review-item", "label", "label-reply", "label-rejection", "health", "capabilities"}
 
 // SchemaNames returns the names Schema accepts, in documentation order.
 func SchemaNames() []string { return append([]string(nil), schemaNames...) }
 
-// Schema returns the JSON Schema called name ("request", "reply" or "record").
+// Schema returns the JSON Schema called name (one of SchemaNames).
 func Schema(name string) ([]byte, error) {
 	for _, n := range schemaNames {
 		if n == name {

@@ -53,7 +53,7 @@ func validate(t testing.TB, s *jsonschema.Schema, doc []byte) error {
 }
 
 func TestSchemaNames(t *testing.T) {
-	if got := strings.Join(SchemaNames(), ","); got != "request,reply,record,health,capabilities" {
+	if got := strings.Join(SchemaNames(), ","); got != "request,reply,record,review-item,label,label-reply,label-rejection,health,capabilities" {
 		t.Fatal(got)
 	}
 	if _, err := Schema("nope"); err == nil {
@@ -74,6 +74,8 @@ func TestExamplesMatchSchemas(t *testing.T) {
 	for file, schema := range map[string]string{
 		"ticket.json": "request", "one.json": "request", "sixty-four.json": "request", "image.json": "request",
 		"reply.json": "reply", "reply-failed.json": "reply", "record.json": "record",
+		"review-item.json": "review-item", "label.json": "label", "label-reply.json": "label-reply",
+		"label-reply-rejected.json": "label-reply",
 	} {
 		b, err := os.ReadFile("examples/" + file)
 		if err != nil {
@@ -117,6 +119,24 @@ func TestRequestSchemaAgreesWithDecoder(t *testing.T) {
 	}
 }
 
+// TestLabelSchemaAgreesWithDecoder: labels DecodeLabel refuses, the schema refuses too.
+func TestLabelSchemaAgreesWithDecoder(t *testing.T) {
+	s := compileSchemas(t)["label"]
+	for _, b := range []string{
+		`{}`, `{"run_id":"r","question":"q"}`, `{"run_id":"","question":"q","label":1}`, `{"run_id":"a b","question":"q","label":1}`,
+		`{"run_id":"r","question":" ","label":1}`, `{"run_id":"r","question":"q","label":{}}`, `{"run_id":"r","question":"q","label":[1]}`,
+		`{"run_id":"r","question":"q","label":1,"source":"oracle"}`, `{"run_id":"r","question":"q","label":1,"weight":1}`,
+		`{"run_id":"r","question":"q","label":1,"labelled_at":"yesterday"}`, `{"run_id":"r","question":"q","label":1,"reviewer":7}`,
+	} {
+		if err := validate(t, s, []byte(b)); err == nil {
+			t.Errorf("schema accepts %s", b)
+		}
+		if _, err := DecodeLabel([]byte(b)); err == nil {
+			t.Errorf("decoder accepts %s", b)
+		}
+	}
+}
+
 // fullRequest is a request with every field set.
 func fullRequest(t testing.TB) *Request {
 	req, err := DecodeRequest([]byte(`{"model":"nimble","state":{"a":1},"questions":{` + choiceQ +
@@ -143,8 +163,44 @@ func fullResult() *Result {
 func fullAttempts() []Attempt {
 	at := time.Date(2026, 11, 29, 23, 0, 0, 0, time.UTC)
 	return []Attempt{
-		{Provider: "ollama", Outcome: OutcomeBusy, LatencyMS: 5, Detail: "upstream 503", Delivery: 1, ErrorCode: CodeProviderBusy, StartedAt: at},
-		{Provider: "ollama", Outcome: OutcomeOK, LatencyMS: 40, Delivery: 2, StartedAt: at.Add(time.Second)},
+		{Provider: "ollama", Model: "nimble", Outcome: OutcomeBusy, LatencyMS: 5, Detail: "upstream 503", Delivery: 1, ErrorCode: CodeProviderBusy, StartedAt: at},
+		{Provider: "systemone", Model: "jev-1.13.0", Outcome: OutcomeOK, LatencyMS: 40, Delivery: 2, StartedAt: at.Add(time.Second)},
+	}
+}
+
+// fullVerdicts are verdicts for fullResult's answers with every field of each kind set: a
+// decided choice with a calibrated distribution, an abstained noul sampled for audit, a
+// reviewed score with its label.
+func fullVerdicts() Verdicts {
+	conf, noul := 0.42, 0.61
+	return Verdicts{
+		{Question: "label", Status: VerdictDecided, Rule: "tickets", Reason: "confidence 0.62 ≥ 0.50",
+			Calibrated: &Calibrated{Probabilities: []Probability{{"a", 0.7}, {"b", 0.3}}, Confidence: &conf, Temperature: 1.5}},
+		{Question: "n", Status: VerdictAbstained, Rule: "refunds", Reason: "P(yes) 0.30 within [0.20, 0.80]", Audit: true,
+			Calibrated: &Calibrated{Noul: &noul, Temperature: 0.8}},
+		{Question: "s", Status: VerdictReviewed, Rule: "urgency", Reason: "confidence 0.10 < 0.50", Label: json.RawMessage(`1`), Reviewer: "ana"},
+	}
+}
+
+func fullReview() *ReviewRef {
+	return &ReviewRef{Status: ReviewPending, Item: ReviewItemID("r1", "n")}
+}
+
+// fullRecord is a record with every field set.
+func fullRecord(t testing.TB) RunRecord {
+	now := time.Date(2026, 11, 29, 23, 0, 0, 123456000, time.UTC)
+	red := Redact(fullRequest(t))
+	cost := 0.000123
+	return RunRecord{
+		SchemaVersion: RecordSchemaVersion, RunID: "tickets-7:42", Caller: "svc", CallerKind: CallerKindJWT,
+		Roles: []string{"decider"}, Scopes: []string{"sys1:decide", "x"}, Subject: "sys1.batch.svc.tickets-7",
+		BatchID: "tickets-7", ItemID: "42",
+		StreamSeq: 1 << 40, Deliveries: 2, PublishedAt: now, StartedAt: now.Add(time.Millisecond), FinishedAt: now.Add(time.Second),
+		QueuedMS: 1, LatencyMS: 1000, Status: StatusFailed, ErrorCode: CodeUpstreamError, ErrorStatus: 502, ErrorMessage: "[SYS1_UPSTREAM_ERROR] é",
+		Provider: "ollama", Model: "nimble", RequestedModel: "nimble", Request: red, RecordState: RecordFull, Images: red.ImageRefs(),
+		Result: fullResult(), Verdicts: fullVerdicts(), Review: fullReview(), Attempts: fullAttempts(),
+		CacheHit: true, CostUSD: &cost, ReplyTo: "sys1.replies.svc", Worker: "w1", Version: "v1",
+		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736",
 	}
 }
 
@@ -159,32 +215,58 @@ func TestSchemasMatchGoTypes(t *testing.T) {
 	reqJSON, _ := json.Marshal(req)
 	check(t, schemas["request"], "request", reqJSON)
 
-	okReply := Reply{RunID: "r1", Status: StatusSuccess, Result: fullResult(), Attempts: fullAttempts(), QueuedMS: 1, LatencyMS: 41}
+	okReply := Reply{RunID: "r1", Status: StatusSuccess, Result: fullResult(), Verdicts: fullVerdicts(), Review: fullReview(),
+		Attempts: fullAttempts(), QueuedMS: 1, LatencyMS: 41}
 	b, _ := json.Marshal(okReply)
 	check(t, schemas["reply"], "reply", b)
-	failed := Reply{RunID: "r2", Status: StatusFailed, Error: Errorf(CodeTimeout, "provider did not answer within 30s")}
+	failed := Reply{RunID: "r2", Status: StatusFailed, Error: Errorf(CodeBudgetExceeded, "daily USD budget of caller svc is spent; it resets at 2026-11-30T00:00:00Z")}
 	b, _ = json.Marshal(failed)
 	check(t, schemas["reply"], "reply", b)
 
-	red := Redact(req)
-	rec := RunRecord{
-		SchemaVersion: RecordSchemaVersion, RunID: "r1", Caller: "svc", CallerKind: CallerKindJWT,
-		Roles: []string{"decider"}, Scopes: []string{"sys1:decide"}, Subject: "sys1.decide.svc",
-		StreamSeq: 7, Deliveries: 2, PublishedAt: now, StartedAt: now, FinishedAt: now.Add(time.Second),
-		QueuedMS: 1, LatencyMS: 1000, Status: StatusSuccess, ErrorCode: "", ErrorStatus: 0, ErrorMessage: "",
-		Provider: "ollama", Model: "nimble", RequestedModel: "nimble", Request: red, Images: red.ImageRefs(),
-		Result: fullResult(), Attempts: fullAttempts(), ReplyTo: "sys1.replies.svc", Worker: "w1", Version: "v1",
-	}
+	rec := fullRecord(t)
+	rec.Status, rec.ErrorCode, rec.ErrorStatus, rec.ErrorMessage = StatusSuccess, "", 0, ""
 	b, _ = json.Marshal(rec)
 	check(t, schemas["record"], "record", b)
 	if bytes.Contains(b, []byte(req.Images[0].Data)) || bytes.Contains(b, []byte("keep_alive")) {
 		t.Fatal("record holds image data or keep_alive")
+	}
+	// The stored forms of every record state validate too.
+	for _, mode := range []RecordState{RecordHash, RecordNone} {
+		b, _ = json.Marshal(rec.RedactContent(mode))
+		check(t, schemas["record"], "record ("+string(mode)+")", b)
 	}
 	// A failed record with nothing optional set still validates: nil lists encode as [].
 	b, _ = json.Marshal(RunRecord{SchemaVersion: RecordSchemaVersion, RunID: "r3", CallerKind: CallerKindAnonymous,
 		Status: StatusFailed, ErrorCode: CodeInvalidInput, ErrorStatus: 400, ErrorMessage: "[SYS1_INVALID_INPUT] x",
 		PublishedAt: now, StartedAt: now, FinishedAt: now})
 	check(t, schemas["record"], "record", b)
+
+	item := fullReviewItem()
+	itemJSON, _ := json.Marshal(item)
+	check(t, schemas["review-item"], "review item", itemJSON)
+	lbl := fullLabel()
+	labelJSON, _ := json.Marshal(lbl)
+	check(t, schemas["label"], "label", labelJSON)
+	accepted, _ := json.Marshal(LabelReply{RunID: "r1", Question: "label", Status: LabelAccepted, Label: json.RawMessage(`"a"`)})
+	check(t, schemas["label-reply"], "accepted label reply", accepted)
+	rejected, _ := json.Marshal(LabelReply{RunID: "r1", Question: "label", Status: LabelRejected,
+		Error: Errorf(CodeInvalidInput, "invalid label: label: \"c\" is not one of the options (a, b)")})
+	check(t, schemas["label-reply"], "rejected label reply", rejected)
+	rejection := NewLabelRejection([]byte(`{"run_id":"r1","question":"label","label":"c"}`), "svc", "sys1.labels.svc", 9,
+		Errorf(CodeInvalidInput, "invalid label: label: \"c\" is not one of the options (a, b)"), now)
+	rejectionJSON, _ := json.Marshal(rejection)
+	check(t, schemas["label-rejection"], "label rejection", rejectionJSON)
+	notJSON, _ := json.Marshal(NewLabelRejection([]byte("\xff not json"), "", "sys1.labels.svc", 10, nil, now))
+	check(t, schemas["label-rejection"], "label rejection of a body that is not JSON", notJSON)
+	// The other way round: what the schemas refuse, the Go side does not produce.
+	for name, doc := range map[string]string{
+		"accepted reply with an error":    `{"run_id":"r","question":"q","status":"accepted","label":"a","error":{"code":"SYS1_INVALID_INPUT","message":"[SYS1_INVALID_INPUT] x","status":400}}`,
+		"rejected reply without an error": `{"run_id":"r","question":"q","status":"rejected","label":null,"error":null}`,
+	} {
+		if err := validate(t, schemas["label-reply"], []byte(doc)); err == nil {
+			t.Errorf("label-reply schema accepts %s", name)
+		}
+	}
 
 	// Every property of each schema (top level and nested object definitions) is produced.
 	schemaProps(t, "request", "", reqJSON)
@@ -195,9 +277,29 @@ func TestSchemasMatchGoTypes(t *testing.T) {
 	var replyDoc map[string]json.RawMessage
 	_ = json.Unmarshal(okJSON, &replyDoc)
 	schemaProps(t, "reply", "result", replyDoc["result"])
+	schemaProps(t, "reply", "reviewRef", replyDoc["review"])
 	var attempts []json.RawMessage
 	_ = json.Unmarshal(replyDoc["attempts"], &attempts)
 	schemaProps(t, "reply", "attempt", attempts[0])
+	var verdicts map[string]json.RawMessage
+	_ = json.Unmarshal(replyDoc["verdicts"], &verdicts)
+	merged := map[string]json.RawMessage{} // each verdict kind sets different optional fields
+	for _, v := range verdicts {
+		var m map[string]json.RawMessage
+		_ = json.Unmarshal(v, &m)
+		for k, x := range m {
+			merged[k] = x
+		}
+	}
+	mergedJSON, _ := json.Marshal(merged)
+	schemaProps(t, "reply", "verdict", mergedJSON)
+	choiceCal, _ := json.Marshal(fullVerdicts()[0].Calibrated)
+	noulCal, _ := json.Marshal(fullVerdicts()[1].Calibrated)
+	var cal map[string]json.RawMessage
+	_ = json.Unmarshal(choiceCal, &cal)
+	_ = json.Unmarshal(noulCal, &cal)
+	calJSON, _ := json.Marshal(cal)
+	schemaProps(t, "reply", "calibrated", calJSON)
 	failedJSON, _ := json.Marshal(failed)
 	var failedDoc map[string]json.RawMessage
 	_ = json.Unmarshal(failedJSON, &failedDoc)
@@ -205,6 +307,31 @@ func TestSchemasMatchGoTypes(t *testing.T) {
 	var recDoc map[string]json.RawMessage
 	_ = json.Unmarshal(recJSON, &recDoc)
 	schemaProps(t, "record", "storedRequest", recDoc["request"])
+	schemaProps(t, "review-item", "", itemJSON)
+	schemaProps(t, "label", "", labelJSON)
+	schemaProps(t, "label-reply", "", accepted)
+	schemaProps(t, "label-rejection", "", rejectionJSON)
+}
+
+// fullReviewItem is a review item with every field set.
+func fullReviewItem() ReviewItem {
+	conf, score := 0.31, 1.2
+	desc := "money back"
+	return ReviewItem{
+		ID: ReviewItemID("r1", "label"), RunID: "r1", Caller: "svc", Provider: "ollama", Model: "nimble",
+		Question: "label", Type: TypeChoice, Instructions: json.RawMessage(`"Pick <b>one</b>"`),
+		Options: []Option{{Key: "refund", Description: &desc}, {Key: "other"}}, Levels: []string{"lo", "hi"},
+		Probabilities: []Probability{{"refund", 0.55}, {"other", 0.45}}, Confidence: &conf, Noul: &conf, Score: &score,
+		Choice: "refund", Verdict: fullVerdicts()[1], Mode: ReviewHold, Audit: true,
+		State:  json.RawMessage(`{"ticket":"<script>alert(1)</script>"}`),
+		Images: []ImageRef{{SHA256: strings.Repeat("ab", 32), Bytes: 73}}, CreatedAt: time.Date(2026, 11, 29, 23, 0, 0, 0, time.UTC),
+	}
+}
+
+// fullLabel is a label with every field set.
+func fullLabel() Label {
+	return Label{RunID: "r1", Question: "label", Value: json.RawMessage(`"refund"`), Reviewer: "ana",
+		LabelledAt: time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC), Source: LabelSourceReview, Caller: "svc", Item: ReviewItemID("r1", "label")}
 }
 
 func check(t *testing.T, s *jsonschema.Schema, name string, doc []byte) {
@@ -263,5 +390,27 @@ func TestSchemaCodesMatchTable(t *testing.T) {
 	}
 	if got, want := fmt.Sprint(s.Defs.Code.Enum), fmt.Sprint(Codes()); got != want {
 		t.Fatalf("schema codes %s\n    Go codes %s", got, want)
+	}
+}
+
+// TestSchemaOutcomesMatchGo: the attempt outcomes of the schema are exactly the Go list.
+func TestSchemaOutcomesMatchGo(t *testing.T) {
+	b, _ := Schema("reply")
+	var s struct {
+		Defs struct {
+			Attempt struct {
+				Properties struct {
+					Outcome struct {
+						Enum []string `json:"enum"`
+					} `json:"outcome"`
+				} `json:"properties"`
+			} `json:"attempt"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(s.Defs.Attempt.Properties.Outcome.Enum), fmt.Sprint(Outcomes()); got != want {
+		t.Fatalf("schema outcomes %s\n    Go outcomes %s", got, want)
 	}
 }

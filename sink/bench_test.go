@@ -2,8 +2,11 @@ package sink
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/sys1hq/sys1/contract"
 )
 
 // BenchmarkSink measures records/s from SYS1_RUNS into ClickHouse through the sink (fetch,
@@ -63,4 +66,32 @@ func BenchmarkSink(b *testing.B) {
 		b.StopTimer()
 		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "records/s")
 	})
+}
+
+// BenchmarkToRow is the sink's CPU per record before the insert: decode and row building of a
+// version 1 fixture record (comparable across versions) and of a version 2 one (verdicts,
+// cost, batch), under SYS1_RECORD_STATE=hash.
+func BenchmarkToRow(b *testing.B) {
+	v1 := makeRecord(2)
+	v1.SchemaVersion, v1.BatchID, v1.ItemID, v1.RunID, v1.CostUSD, v1.Verdicts, v1.Review, v1.TraceID = 1, "", "", "run-2", nil, nil, nil, ""
+	for i := range v1.Attempts {
+		v1.Attempts[i].Model = ""
+	}
+	for _, c := range []struct {
+		name string
+		rec  contract.RunRecord
+	}{{"v1", v1}, {"v2", makeRecord(2)}} {
+		data, err := json.Marshal(&c.rec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := decodeRecord(data, origin{stream: "SYS1_RUNS", seq: 1}, RecordHash); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

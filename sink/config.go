@@ -11,22 +11,25 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/sink/migrate"
 )
 
-// RecordState says what the sink keeps of the caller's content: the request's state and every
-// question's instructions.
-type RecordState string
+// RecordState says what is kept of the caller's content: the request's state and every
+// question's instructions (contract.RecordState has the exact stored forms). Workers apply it
+// where the record is made; the sink applies it again on the way into ClickHouse, which
+// changes nothing for a record already in that form and makes a laxer one stricter.
+type RecordState = contract.RecordState
 
 // The SYS1_RECORD_STATE modes.
 const (
 	// RecordFull stores state and instructions as they arrived.
-	RecordFull RecordState = "full"
+	RecordFull = contract.RecordFull
 	// RecordHash replaces each with the JSON string of its sha256 hex: runs stay comparable
 	// ("same state as yesterday?") without keeping the content.
-	RecordHash RecordState = "hash"
+	RecordHash = contract.RecordHash
 	// RecordNone replaces each with JSON null.
-	RecordNone RecordState = "none"
+	RecordNone = contract.RecordNone
 )
 
 // Config is the sink's and the migrator's configuration (environment SYS1_*).
@@ -36,9 +39,14 @@ type Config struct {
 	DSN string `env:"SYS1_CLICKHOUSE_DSN"`
 	// Database holding the sys1 tables (created by Migrate).
 	Database string `env:"SYS1_CLICKHOUSE_DATABASE" envDefault:"sys1"`
+	// Cluster, when set, names the ClickHouse cluster (remote_servers) the schema lives on:
+	// migrations run ON CLUSTER with Replicated* tables and Distributed tables over them,
+	// and inserts wait until every shard has its rows. Needs ClickHouse Keeper (or ZooKeeper)
+	// and the {shard} and {replica} macros on every node.
+	Cluster string `env:"SYS1_CLICKHOUSE_CLUSTER"`
 	// RecordState: full, hash or none (see RecordState).
 	RecordState RecordState `env:"SYS1_RECORD_STATE" envDefault:"full"`
-	// RetentionDays is the TTL of run records, dead letters and aggregates.
+	// RetentionDays is the TTL of run records, labels, dead letters and aggregates.
 	RetentionDays int `env:"SYS1_RETENTION_DAYS" envDefault:"90"`
 
 	// BatchSize and BatchAge bound a batch: it is inserted when it holds BatchSize records or
@@ -86,9 +94,10 @@ func (c *Config) Validate() []error {
 	if !databaseName.MatchString(c.Database) {
 		errs = append(errs, fmt.Errorf("SYS1_CLICKHOUSE_DATABASE: %q is not a plain identifier (letters, digits and _, not starting with a digit)", c.Database))
 	}
-	switch c.RecordState {
-	case RecordFull, RecordHash, RecordNone:
-	default:
+	if !migrate.ValidCluster(c.Cluster) {
+		errs = append(errs, fmt.Errorf("SYS1_CLICKHOUSE_CLUSTER: %q is not a ClickHouse cluster name (letters, digits, _ and -, starting with a letter or _, at most 63)", c.Cluster))
+	}
+	if !c.RecordState.Valid() {
 		errs = append(errs, fmt.Errorf("SYS1_RECORD_STATE: %q is not one of full, hash, none", c.RecordState))
 	}
 	if c.RetentionDays < 1 || c.RetentionDays > 36500 {
@@ -198,7 +207,7 @@ func Migrate(ctx context.Context, conn driver.Conn, cfg Config) error {
 
 // MigrateOptions are the schema parameters of cfg.
 func (c Config) MigrateOptions() migrate.Options {
-	return migrate.Options{Database: c.Database, RetentionDays: c.RetentionDays}
+	return migrate.Options{Database: c.Database, RetentionDays: c.RetentionDays, Cluster: c.Cluster}
 }
 
 // openNoPing opens a connection pool without contacting the server (clickhouse-go dials

@@ -5,17 +5,28 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"time"
+
+	"github.com/sys1hq/sys1/contract"
 )
 
 // deadLetterColumns is the INSERT column list of <db>.runs_dead_letter.
 var deadLetterColumns = []string{
-	"received_at", "runs_stream", "subject", "runs_seq", "deliveries", "error",
+	"received_at", "kind", "runs_stream", "subject", "runs_seq", "deliveries", "error",
 	"payload", "payload_sha256", "payload_bytes",
 }
 
-// deadLetter is a SYS1_RUNS message that can never become a row of runs.
+// Dead-letter kinds (the kind column).
+const (
+	deadRun           = "run"            // a run record the sink cannot store
+	deadLabel         = "label"          // an accepted label the sink cannot store
+	deadRejectedLabel = "rejected_label" // a submitted label the workers refused
+)
+
+// deadLetter is a message that can never become a row of runs or labels (or a label the
+// workers refused).
 type deadLetter struct {
 	receivedAt   time.Time
+	kind         string
 	stream       string
 	subject      string
 	seq          uint64
@@ -29,7 +40,11 @@ type deadLetter struct {
 }
 
 func (d *deadLetter) values() []any {
-	return []any{d.receivedAt, d.stream, d.subject, d.seq, d.deliveries, d.reason, d.payload, d.payloadSHA, d.payloadBytes}
+	kind := d.kind
+	if kind == "" {
+		kind = deadRun
+	}
+	return []any{d.receivedAt, kind, d.stream, d.subject, d.seq, d.deliveries, d.reason, d.payload, d.payloadSHA, d.payloadBytes}
 }
 
 // newDeadLetter builds the dead-letter row of a message. The payload honours
@@ -53,7 +68,10 @@ func newDeadLetter(data []byte, from origin, subject string, deliveries uint64, 
 }
 
 // redactPayload applies the record-state mode to an arbitrary (possibly malformed) record
-// body. Key order is not preserved in redacted payloads; they are for diagnosis only.
+// body. Key order is not preserved in redacted payloads; they are for diagnosis only. A
+// payload whose record_state already says it is in that form (or a stricter one) is kept
+// as it is; one made stricter here says so in its record_state, so a replay of it is never
+// hashed again.
 func redactPayload(data []byte, mode RecordState) (string, bool) {
 	if mode == RecordFull {
 		return string(data), true
@@ -62,6 +80,18 @@ func redactPayload(data []byte, mode RecordState) (string, bool) {
 	if err := json.Unmarshal(data, &top); err != nil {
 		return "", false
 	}
+	var have RecordState
+	if raw, ok := top["record_state"]; ok {
+		var s string
+		if json.Unmarshal(raw, &s) == nil && contract.RecordState(s).Valid() {
+			have = contract.RecordState(s)
+		}
+	}
+	want := have.Stricter(mode)
+	if want == have {
+		return string(data), true
+	}
+	redactRaw := func(raw json.RawMessage, _ RecordState) json.RawMessage { return contract.RedactRaw(raw, have, want) }
 	if raw, ok := top["request"]; ok && string(raw) != "null" {
 		var req map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &req); err != nil {
@@ -91,6 +121,9 @@ func redactPayload(data []byte, mode RecordState) (string, bool) {
 			return "", false
 		}
 		top["request"] = b
+	}
+	if _, ok := top["request"]; ok {
+		top["record_state"], _ = json.Marshal(want)
 	}
 	b, err := json.Marshal(top)
 	if err != nil {

@@ -65,6 +65,9 @@ func newEnv(tb testing.TB, mutate func(*Config)) *testEnv {
 	if err := topology.EnsureRunsStream(ctx, js, topo); err != nil {
 		tb.Fatal(err)
 	}
+	if err := topology.EnsureLabelsStream(ctx, js, topo); err != nil {
+		tb.Fatal(err)
+	}
 	return &testEnv{srv: srv, js: js, db: db, cfg: cfg, topo: topo}
 }
 
@@ -195,10 +198,16 @@ var (
 	fxCallers = []string{"billing", "search", "support", "fraud"}
 	fxCodes   = []contract.Code{contract.CodeModelUnavailable, contract.CodeTimeout, contract.CodeInvalidInput, contract.CodeProviderBusy}
 	fxBase    = time.Now().UTC().Add(-2 * time.Hour).Truncate(time.Minute)
+	// fxBatch holds the even runs; fxPrices are USD per run by model ("deep" is unpriced).
+	fxBatch  = "tickets-2026-11"
+	fxPrices = map[string]float64{"nimble": 0.0001, "brisk": 0.0003}
 )
 
 // makeRecord is run i of a deterministic fixture: every 5th run fails, every 3rd needed a
-// retry, and successful runs answer a choice, a noul and a score question.
+// retry, and successful runs answer a choice, a noul and a score question. Even runs belong
+// to batch fxBatch; runs of "deep" are unpriced (cost_usd null), every 7th run is a cache hit
+// (a real $0); successful runs carry verdicts (label abstains below confidence 0.7, urgent
+// between P(yes) 0.3 and 0.7), with a calibrated label on every 4th.
 func makeRecord(i int) contract.RunRecord {
 	conf := 0.5 + float64(i%50)/100
 	published := fxBase.Add(time.Duration(i) * 37 * time.Millisecond)
@@ -206,17 +215,23 @@ func makeRecord(i int) contract.RunRecord {
 	latency := int64(20 + i%400)
 	finished := started.Add(time.Duration(latency) * time.Millisecond)
 	model := fxModels[i%len(fxModels)]
+	runID := fmt.Sprintf("run-%07d", i)
+	var batchID, itemID string
+	if i%2 == 0 {
+		batchID, itemID = fxBatch, fmt.Sprint(i)
+		runID = batchID + ":" + itemID
+	}
 	rec := contract.RunRecord{
 		SchemaVersion: contract.RecordSchemaVersion,
-		RunID:         fmt.Sprintf("run-%07d", i),
-		Caller:        fxCallers[i%len(fxCallers)],
-		CallerKind:    contract.CallerKindSubject,
-		Roles:         []string{"decider"},
-		Scopes:        []string{},
-		Subject:       "sys1.decide." + fxCallers[i%len(fxCallers)],
-		StreamSeq:     uint64(i + 1),
-		Deliveries:    1 + i%3/2,
-		PublishedAt:   published, StartedAt: started, FinishedAt: finished,
+		RunID:         runID, BatchID: batchID, ItemID: itemID,
+		Caller:      fxCallers[i%len(fxCallers)],
+		CallerKind:  contract.CallerKindSubject,
+		Roles:       []string{"decider"},
+		Scopes:      []string{},
+		Subject:     "sys1.decide." + fxCallers[i%len(fxCallers)],
+		StreamSeq:   uint64(i + 1),
+		Deliveries:  1 + i%3/2,
+		PublishedAt: published, StartedAt: started, FinishedAt: finished,
 		QueuedMS: int64(i % 20), LatencyMS: latency,
 		Provider: "ollama", Model: model, RequestedModel: model,
 		Worker: "w-1", Version: "test",
@@ -233,11 +248,14 @@ func makeRecord(i int) contract.RunRecord {
 		},
 		Images: []contract.ImageRef{{SHA256: fmt.Sprintf("%064x", i%7), Bytes: 1000 + i%7}},
 	}
+	if i%3 == 0 {
+		rec.TraceID = fmt.Sprintf("%032x", i+1)
+	}
 	attempts := 1 + i%3/2 // 1, 1, 2
 	if i%3 == 2 {
-		rec.Attempts = append(rec.Attempts, contract.Attempt{Provider: "ollama", Outcome: contract.OutcomeBusy, LatencyMS: 5, Delivery: 1, ErrorCode: contract.CodeProviderBusy, StartedAt: started})
+		rec.Attempts = append(rec.Attempts, contract.Attempt{Provider: "ollama", Model: model, Outcome: contract.OutcomeBusy, LatencyMS: 5, Delivery: 1, ErrorCode: contract.CodeProviderBusy, StartedAt: started})
 	}
-	rec.Attempts = append(rec.Attempts, contract.Attempt{Provider: "ollama", Outcome: contract.OutcomeOK, LatencyMS: latency, Delivery: attempts, StartedAt: started})
+	rec.Attempts = append(rec.Attempts, contract.Attempt{Provider: "ollama", Model: model, Outcome: contract.OutcomeOK, LatencyMS: latency, Delivery: attempts, StartedAt: started})
 	if i%5 == 4 {
 		code := fxCodes[i%len(fxCodes)]
 		rec.Status, rec.ErrorCode, rec.ErrorStatus = contract.StatusFailed, code, code.Status()
@@ -247,6 +265,14 @@ func makeRecord(i int) contract.RunRecord {
 		return rec
 	}
 	rec.Status = contract.StatusSuccess
+	if price, ok := fxPrices[model]; ok {
+		rec.CostUSD = &price
+	}
+	if i%7 == 0 {
+		free := 0.0
+		rec.CacheHit, rec.CostUSD = true, &free
+		rec.Attempts = []contract.Attempt{{Provider: "ollama", Model: model, Outcome: contract.OutcomeCache, Delivery: 1, StartedAt: started}}
+	}
 	choice := []string{"spam", "ham"}[i%2]
 	rec.Result = &contract.Result{
 		Provider: "ollama", Model: model,
@@ -261,7 +287,85 @@ func makeRecord(i int) contract.RunRecord {
 				Raw: json.RawMessage(fmt.Sprintf(`{"type":"score","score":%d,"confidence":%g}`, i%3, conf))},
 		},
 	}
+	rec.Verdicts = fixtureVerdicts(i, conf, float64(i%10)/10)
+	for _, v := range rec.Verdicts {
+		if v.Status == contract.VerdictAbstained {
+			rec.Review = &contract.ReviewRef{Status: contract.ReviewPending, Item: contract.ReviewItemID(rec.RunID, v.Question)}
+			break
+		}
+	}
 	return rec
+}
+
+func fixtureVerdicts(i int, conf, noul float64) contract.Verdicts {
+	label := contract.Verdict{Question: "label", Status: contract.VerdictDecided, Rule: "labels", Reason: fmt.Sprintf("confidence %.2f ≥ 0.70", conf)}
+	if conf < 0.7 {
+		label.Status, label.Reason = contract.VerdictAbstained, fmt.Sprintf("confidence %.2f < 0.70", conf)
+	}
+	if i%4 == 0 {
+		c := conf * 0.9
+		label.Calibrated = &contract.Calibrated{Probabilities: []contract.Probability{{Key: "spam", P: c}, {Key: "ham", P: 1 - c}}, Confidence: &c, Temperature: 1.3}
+	}
+	urgent := contract.Verdict{Question: "urgent", Status: contract.VerdictDecided, Rule: "urgency", Reason: fmt.Sprintf("P(yes) %.2f outside [0.30, 0.70]", noul)}
+	if noul >= 0.3 && noul <= 0.7 {
+		urgent.Status, urgent.Reason = contract.VerdictAbstained, fmt.Sprintf("P(yes) %.2f within [0.30, 0.70]", noul)
+	}
+	return contract.Verdicts{label, urgent, {Question: "severity", Status: contract.VerdictDecided, Reason: "no rule"}}
+}
+
+// makeLabel labels a question of fixture run i: every 3rd of its choice answers is labelled
+// against the model (so accuracy is neither 0 nor 1), nouls by P(yes) ≥ 0.5 except every 4th,
+// scores at their level. Reviewers ana and ben label from the review page, the rest comes from
+// the producer.
+func makeLabel(i int, question string) contract.Label {
+	rec := makeRecord(i)
+	var value string
+	switch question {
+	case "label":
+		choice := []string{"spam", "ham"}[i%2]
+		if i%3 == 0 {
+			choice = []string{"ham", "spam"}[i%2]
+		}
+		value = `"` + choice + `"`
+	case "urgent":
+		value = fmt.Sprint(float64(i%10)/10 >= 0.5 != (i%4 == 0))
+	default:
+		value = fmt.Sprint(i % 3)
+	}
+	l := contract.Label{
+		RunID: rec.RunID, Question: question, Value: json.RawMessage(value), Caller: rec.Caller,
+		LabelledAt: time.Now().UTC().Add(-time.Duration(i%50) * time.Minute).Truncate(time.Millisecond), Source: contract.LabelSourceProducer,
+	}
+	if i%2 == 0 {
+		l.Source, l.Reviewer, l.Item = contract.LabelSourceReview, []string{"ana", "ben"}[i/2%2], contract.ReviewItemID(rec.RunID, question)
+	}
+	return l
+}
+
+// makeLabels labels every question of every 5th successful run among runs [0, n).
+func makeLabels(n int) []contract.Label {
+	var out []contract.Label
+	for i := 0; i < n; i++ {
+		if i%5 == 4 || i%5 != 0 && i%5 != 2 {
+			continue // failures (i%5 == 4) have no answers; label runs 0, 2, 5, 7, …
+		}
+		for _, q := range []string{"label", "urgent", "severity"} {
+			out = append(out, makeLabel(i, q))
+		}
+	}
+	return out
+}
+
+// publishLabels sends accepted labels to sys1.labels.<caller>.accepted.
+func (e *testEnv) publishLabels(tb testing.TB, labels []contract.Label) {
+	tb.Helper()
+	subjects := make([]string, len(labels))
+	bodies := make([][]byte, len(labels))
+	for i := range labels {
+		bodies[i], _ = labels[i].MarshalJSON()
+		subjects[i] = topology.LabelsPrefix + labels[i].Caller + "." + topology.LabelAcceptedToken
+	}
+	e.publishRaw(tb, subjects, bodies)
 }
 
 func makeRecords(from, n int) []contract.RunRecord {

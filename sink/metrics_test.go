@@ -14,8 +14,8 @@ import (
 // TestMetricsAreValidExpositionAndDocumented: the sink's /metrics part is strict Prometheus
 // text format and serves exactly the families deploy/README.md documents.
 func TestMetricsAreValidExpositionAndDocumented(t *testing.T) {
-	s := &Sink{}
-	s.inserted.Add(3)
+	s := &Sink{runs: &lane{}, labels: &lane{}}
+	s.runs.inserted.Add(3)
 	var out strings.Builder
 	s.WriteMetrics(&out)
 	fams, err := metricstest.Parse(out.String())

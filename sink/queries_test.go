@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
+
 	"github.com/sys1hq/sys1/sink/migrate"
 )
 
@@ -19,20 +21,24 @@ func TestAnalystQueries(t *testing.T) {
 		t.Fatal(err)
 	}
 	stmts := migrate.Statements(string(script))
-	if len(stmts) < 10 {
-		t.Fatalf("queries.sql holds %d queries, want at least 10", len(stmts))
+	if len(stmts) < 20 {
+		t.Fatalf("queries.sql holds %d queries, want at least 20", len(stmts))
 	}
 
 	e := newEnv(t, nil)
 	const n = 2000
 	e.publish(t, makeRecords(0, n))
 	e.publishRaw(t, []string{"sys1.runs.failed"}, [][]byte{[]byte("{not a record")})
+	labels := makeLabels(n)
+	e.publishLabels(t, labels)
 	s := e.startSink(t, e.cfg, nil)
 	waitFor(t, time.Minute, "the fixture to be stored", func() bool {
 		st := s.Stats()
-		return st.Inserted == n && st.DeadLettered == 1 && e.consumerDrained(t)
+		return st.Inserted == n && st.DeadLettered == 1 && st.Labels.Inserted == uint64(len(labels)) && e.consumerDrained(t) && e.labelsDrained(t)
 	})
 	s.stop(t)
+	// Queries about one batch take it as a query parameter.
+	params := clickhouse.Parameters{"batch_id": fxBatch}
 
 	qualifier := regexp.MustCompile(`\bsys1\.`)
 	queryTitle := regexp.MustCompile(`(?m)^-- (\d+\. [^:(,]*)`)
@@ -49,6 +55,7 @@ func TestAnalystQueries(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
+			ctx = clickhouse.Context(ctx, clickhouse.WithParameters(params))
 			rows, err := e.db.Conn.Query(ctx, q)
 			if err != nil {
 				t.Fatalf("%v\n%s", err, q)

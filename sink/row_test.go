@@ -38,8 +38,8 @@ func TestToRowFlattensTheRecord(t *testing.T) {
 	if r.ansScore[2] == nil || *r.ansScore[2] != 2 || r.ansNoul[2] != nil {
 		t.Errorf("score answer columns wrong")
 	}
-	if r.ansProbs[0]["spam"]+r.ansProbs[0]["ham"] != 1 {
-		t.Errorf("probabilities = %v", r.ansProbs[0])
+	if ps := r.ansProbs[0].ps; len(ps) != 2 || ps[0].Key != "spam" || ps[1].Key != "ham" || ps[0].P+ps[1].P != 1 {
+		t.Errorf("probabilities = %v, want spam then ham, summing to 1", ps)
 	}
 	// The JSON columns are the contract's encoding, valid JSON, answers in request order.
 	if !json.Valid([]byte(r.request)) || !json.Valid([]byte(r.result)) {
@@ -92,6 +92,7 @@ func TestToRowTimes(t *testing.T) {
 func TestRedactPayload(t *testing.T) {
 	body := []byte(`{"run_id":"r","request":{"state":{"secret":1},"questions":{"q":{"type":"noul","instructions":"private"}}}}`)
 	sum := sha256.Sum256([]byte(`{"secret":1}`))
+	hashed := []byte(`{"run_id":"r","record_state":"hash","request":{"state":"` + hex.EncodeToString(sum[:]) + `","questions":{"q":{"type":"noul","instructions":null}}}}`)
 	for _, tc := range []struct {
 		mode    RecordState
 		in      []byte
@@ -99,6 +100,11 @@ func TestRedactPayload(t *testing.T) {
 		want    []string
 		notWant []string
 	}{
+		// Already in the sink's form: kept as it is (never a hash of the hash) …
+		{RecordHash, hashed, true, []string{string(hashed)}, nil},
+		// … and made stricter when the sink is stricter, saying so.
+		{RecordNone, hashed, true, []string{`"state":null`, `"record_state":"none"`}, []string{hex.EncodeToString(sum[:])}},
+		{RecordHash, body, true, []string{`"record_state":"hash"`}, nil},
 		{RecordFull, []byte("garbage"), true, []string{"garbage"}, nil},
 		{RecordHash, body, true, []string{hex.EncodeToString(sum[:]), `"run_id":"r"`}, []string{"secret", "private"}},
 		{RecordNone, body, true, []string{`"state":null`, `"instructions":null`}, []string{"secret", "private"}},
@@ -150,6 +156,121 @@ func TestDedupTokenIsStable(t *testing.T) {
 	} {
 		if other == a {
 			t.Fatal("different batches share a token")
+		}
+	}
+}
+
+// TestToRowV2Fields: the version 2 fields land in their columns: batch, cost (NULL stays NULL),
+// cache, trace, review, and per answer the verdict, rule, calibrated top probability and
+// temperature; attempts name their model.
+func TestToRowV2Fields(t *testing.T) {
+	rec := makeRecord(3)
+	cost := 0.0042
+	calConf, calNoul := 0.5, 0.33
+	rec.BatchID, rec.ItemID, rec.RunID = "tickets-7", "3", "tickets-7:3"
+	rec.CostUSD, rec.CacheHit, rec.TraceID = &cost, true, "4bf92f3577b34da6a3ce929d0e0e4736"
+	rec.Review = &contract.ReviewRef{Status: contract.ReviewPending, Item: contract.ReviewItemID(rec.RunID, "urgent")}
+	rec.Attempts[0].Model = "nimble-q4"
+	rec.Verdicts = contract.Verdicts{
+		// out of order on purpose: matched by name, not position
+		{Question: "urgent", Status: contract.VerdictAbstained, Rule: "urgency", Reason: "P(yes) 0.30 within [0.2, 0.8]",
+			Calibrated: &contract.Calibrated{Noul: &calNoul, Temperature: 0.8}},
+		{Question: "label", Status: contract.VerdictDecided, Rule: "labels", Reason: "confidence 0.53 ≥ 0.5",
+			Calibrated: &contract.Calibrated{Probabilities: []contract.Probability{{Key: "spam", P: 0.25}, {Key: "ham", P: 0.75}}, Confidence: &calConf, Temperature: 2}},
+		{Question: "severity", Status: contract.VerdictDecided,
+			Calibrated: &contract.Calibrated{Probabilities: []contract.Probability{{Key: "0", P: 0.2}, {Key: "1", P: 0.5}, {Key: "2", P: 0.3}}, Temperature: 1.2}},
+	}
+	r, err := toRow(&rec, origin{stream: "SYS1_RUNS", seq: 9, published: time.Now()}, RecordFull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.batchID != "tickets-7" || r.itemID != "3" || r.costUSD == nil || *r.costUSD != cost || !r.cacheHit || r.traceID != rec.TraceID ||
+		r.reviewStatus != "pending" || r.reviewItem != rec.Review.Item || r.attModel[0] != "nimble-q4" || r.schemaVersion != 2 {
+		t.Fatalf("v2 columns: %+v", r)
+	}
+	if got := strings.Join(r.ansVerdict, ","); got != "decided,abstained,decided" || strings.Join(r.ansRule, ",") != "labels,urgency," {
+		t.Fatalf("verdict columns %v %v", r.ansVerdict, r.ansRule)
+	}
+	// label chose "ham" (i=3 is odd): its calibrated probability is 0.75; severity's most
+	// probable calibrated level has 0.5; urgent's calibrated P(yes) is 0.33.
+	for i, want := range []float64{0.75, 0.33, 0.5} {
+		if r.ansCalibrated[i] == nil || *r.ansCalibrated[i] != want {
+			t.Errorf("answer %d calibrated top = %v, want %v", i, r.ansCalibrated[i], want)
+		}
+	}
+	if *r.ansTemp[0] != 2 || *r.ansTemp[1] != 0.8 || *r.ansTemp[2] != 1.2 {
+		t.Errorf("temperatures %v %v %v", *r.ansTemp[0], *r.ansTemp[1], *r.ansTemp[2])
+	}
+	if !json.Valid([]byte(r.verdicts)) || !strings.HasPrefix(r.verdicts, `{"urgent":{"status":"abstained"`) {
+		t.Errorf("verdicts column %s", r.verdicts)
+	}
+	if len(r.values()) != len(runColumns) {
+		t.Fatalf("row has %d values for %d columns", len(r.values()), len(runColumns))
+	}
+
+	// Unpriced stays NULL, never 0; no policy leaves the verdict columns empty but aligned.
+	plain := makeRecord(3)
+	plain.CostUSD, plain.Verdicts = nil, nil
+	r, err = toRow(&plain, origin{stream: "SYS1_RUNS", seq: 10}, RecordFull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.costUSD != nil || r.verdicts != "" || len(r.ansVerdict) != 3 || r.ansVerdict[0] != "" || r.ansCalibrated[0] != nil || r.ansTemp[2] != nil {
+		t.Fatalf("record without cost or verdicts: cost %v verdicts %q %v", r.costUSD, r.verdicts, r.ansVerdict)
+	}
+}
+
+func TestToRowRefusesWhatItCannotStore(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mut  func(*contract.RunRecord)
+		want string
+	}{
+		{"a newer schema", func(r *contract.RunRecord) { r.SchemaVersion = contract.RecordSchemaVersion + 1 }, "schema_version 3 is not one this sink reads (1–2)"},
+		{"a negative cost", func(r *contract.RunRecord) { c := -1.0; r.CostUSD = &c }, "cost_usd -1 is not a cost"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := makeRecord(0)
+			tc.mut(&rec)
+			if _, err := toRow(&rec, origin{}, RecordFull); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	// Version 1 (and a record without the field) is read.
+	for _, v := range []int{0, 1} {
+		rec := makeRecord(0)
+		rec.SchemaVersion = v
+		if r, err := toRow(&rec, origin{}, RecordFull); err != nil || r.schemaVersion != 1 {
+			t.Errorf("schema_version %d: %v", v, err)
+		}
+	}
+}
+
+// TestToRowRecordStateIsIdempotent: a record the worker already hashed is stored as it is under
+// a hash sink (never a hash of the hash), and record_state says what the row holds.
+func TestToRowRecordStateIsIdempotent(t *testing.T) {
+	rec := makeRecord(1)
+	stateSum := sha256.Sum256(rec.Request.State)
+	hashed := rec.RedactContent(RecordHash)
+	for _, tc := range []struct {
+		rec       *contract.RunRecord
+		sink      RecordState
+		wantState string
+		wantMode  string
+	}{
+		{hashed, RecordHash, `"` + hex.EncodeToString(stateSum[:]) + `"`, "hash"},
+		{hashed, RecordFull, `"` + hex.EncodeToString(stateSum[:]) + `"`, "hash"},
+		{hashed, RecordNone, `null`, "none"},
+		{&rec, RecordHash, `"` + hex.EncodeToString(stateSum[:]) + `"`, "hash"},
+		{&rec, RecordFull, string(rec.Request.State), "full"},
+	} {
+		r, err := toRow(tc.rec, origin{}, tc.sink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(r.request, `"state":`+tc.wantState) || r.recordState != tc.wantMode {
+			t.Errorf("record %s, sink %s: record_state %s, request %s; want state %s", tc.rec.RecordState, tc.sink, r.recordState, r.request, tc.wantState)
 		}
 	}
 }

@@ -29,6 +29,13 @@
 // (double) ack. JetStream processes one consumer's acks in order, so the confirmed last ack
 // means the batch is acknowledged, at the cost of one round trip per batch instead of one per
 // record. A lost ack only causes a redelivery, which the deduplication above absorbs.
+//
+// Labels take the same road in a second lane of the same Sink: consumer sys1-sink-labels on
+// SYS1_LABELS, filtered to the checked labels (sys1.labels.*.accepted and .rejected). Accepted
+// labels become rows of <db>.labels; rejected ones, and anything that cannot be a label row,
+// go to the dead-letter table with their reason. A label lane that cannot be set up (a NATS
+// user without permission for SYS1_LABELS, say) is retried in the background and never holds
+// up the run records.
 package sink
 
 import (
@@ -52,7 +59,8 @@ import (
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
-// Sink drains SYS1_RUNS into ClickHouse. Create it with New and run it with Run.
+// Sink drains SYS1_RUNS (and the checked labels on SYS1_LABELS) into ClickHouse. Create it
+// with New and run it with Run.
 type Sink struct {
 	js   jetstream.JetStream
 	conn driver.Conn
@@ -60,10 +68,32 @@ type Sink struct {
 	cfg  Config
 	log  zerolog.Logger
 
-	insertRuns, insertDead string
+	insertRuns, insertDead, insertLabels string
 
-	received, inserted, deadLettered, batches atomic.Uint64
-	insertFailures, ackFailures               atomic.Uint64
+	// runs and labels are the two lanes: a stream and consumer each, drained the same way.
+	runs, labels *lane
+
+	// hooks for tests: called after a batch's insert succeeded and before it is acked.
+	afterInsert func()
+}
+
+// lane is one stream drained into one table: its consumer, how its messages become rows and
+// dead letters, and its counters.
+type lane struct {
+	name     string // "runs" or "labels", in logs
+	stream   string
+	consumer string
+	// ensure creates or updates the stream and the consumer.
+	ensure  func(ctx context.Context) (jetstream.Consumer, error)
+	prepare func(msgs []jetstream.Msg) prepared
+	// insertRows is the rows' INSERT; rowsScope, deadScope and rejectedScope tell the
+	// deduplication tokens of its three kinds of insert apart.
+	insertRows                          string
+	rowsScope, deadScope, rejectedScope string
+
+	received, inserted, deadLettered, rejected, batches atomic.Uint64
+	insertFailures, ackFailures                         atomic.Uint64
+	running                                             atomic.Bool
 
 	mu         sync.Mutex
 	pending    uint64
@@ -72,9 +102,6 @@ type Sink struct {
 	lastInsert time.Time
 	lastError  string
 	retrying   bool
-
-	// hooks for tests: called after a batch's insert succeeded and before it is acked.
-	afterInsert func()
 }
 
 // Stats is a snapshot of the sink's counters and lag, for logs and /metrics.
@@ -93,6 +120,28 @@ type Stats struct {
 	// Retrying is true while an insert is failing; LastError is the last failure's text.
 	Retrying  bool
 	LastError string
+
+	// Labels are the label lane's figures (SYS1_LABELS into <db>.labels).
+	Labels LabelStats
+}
+
+// LabelStats is the label lane's part of Stats.
+type LabelStats struct {
+	// Running is true once SYS1_LABELS and the sink's label consumer are set up.
+	Running        bool
+	Received       uint64 // checked labels taken from SYS1_LABELS (redeliveries included)
+	Inserted       uint64 // rows sent to <db>.labels by successful inserts
+	Rejected       uint64 // labels the workers refused, parked with their reason
+	DeadLettered   uint64 // messages that could not become a label row (rejected ones included)
+	Batches        uint64
+	InsertFailures uint64
+	AckFailures    uint64
+	Pending        uint64
+	AckPending     uint64
+	LagAt          time.Time
+	LastInsert     time.Time
+	Retrying       bool
+	LastError      string
 }
 
 // New checks the configuration and returns a Sink; it does no I/O. conn must reach a
@@ -108,55 +157,123 @@ func New(js jetstream.JetStream, conn driver.Conn, topo topology.Config, cfg Con
 		return nil, fmt.Errorf("sink: %w", errors.Join(errs...))
 	}
 	db := "`" + cfg.Database + "`"
-	return &Sink{
+	s := &Sink{
 		js: js, conn: conn, topo: topo, cfg: cfg, log: logger,
-		insertRuns: "INSERT INTO " + db + ".runs (" + strings.Join(runColumns, ", ") + ")",
-		insertDead: "INSERT INTO " + db + ".runs_dead_letter (" + strings.Join(deadLetterColumns, ", ") + ")",
-	}, nil
+		insertRuns:   "INSERT INTO " + db + ".runs (" + strings.Join(runColumns, ", ") + ")",
+		insertDead:   "INSERT INTO " + db + ".runs_dead_letter (" + strings.Join(deadLetterColumns, ", ") + ")",
+		insertLabels: "INSERT INTO " + db + ".labels (" + strings.Join(labelColumns, ", ") + ")",
+	}
+	s.runs = &lane{
+		name: "runs", stream: topo.RunsStream, consumer: topo.SinkConsumer,
+		insertRows: s.insertRuns, rowsScope: "runs", deadScope: "runs_dead_letter", rejectedScope: "runs_dead_letter/rejected",
+		ensure: func(ctx context.Context) (jetstream.Consumer, error) {
+			if err := topology.EnsureRunsStream(ctx, js, topo, topology.WithLogger(logger)); err != nil {
+				return nil, err
+			}
+			return topology.EnsureSinkConsumer(ctx, js, topo, cfg.AckWait, cfg.MaxAckPending)
+		},
+	}
+	s.runs.prepare = s.prepare
+	s.labels = &lane{
+		name: "labels", stream: topo.LabelsStream, consumer: topo.SinkLabelsConsumer,
+		insertRows: s.insertLabels, rowsScope: "labels", deadScope: "labels/runs_dead_letter", rejectedScope: "labels/runs_dead_letter/rejected",
+		ensure: func(ctx context.Context) (jetstream.Consumer, error) {
+			if err := topology.EnsureLabelsStream(ctx, js, topo, topology.WithLogger(logger)); err != nil {
+				return nil, err
+			}
+			return topology.EnsureSinkLabelsConsumer(ctx, js, topo, cfg.AckWait, cfg.MaxAckPending)
+		},
+	}
+	s.labels.prepare = s.prepareLabels
+	return s, nil
 }
 
 // Stats returns a snapshot of the counters and the last measured lag.
 func (s *Sink) Stats() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return Stats{
-		Received: s.received.Load(), Inserted: s.inserted.Load(), DeadLettered: s.deadLettered.Load(),
-		Batches: s.batches.Load(), InsertFailures: s.insertFailures.Load(), AckFailures: s.ackFailures.Load(),
-		Pending: s.pending, AckPending: s.ackPending, LagAt: s.lagAt, LastInsert: s.lastInsert,
-		Retrying: s.retrying, LastError: s.lastError,
+	r, l := s.runs, s.labels
+	r.mu.Lock()
+	st := Stats{
+		Received: r.received.Load(), Inserted: r.inserted.Load(), DeadLettered: r.deadLettered.Load(),
+		Batches: r.batches.Load(), InsertFailures: r.insertFailures.Load(), AckFailures: r.ackFailures.Load(),
+		Pending: r.pending, AckPending: r.ackPending, LagAt: r.lagAt, LastInsert: r.lastInsert,
+		Retrying: r.retrying, LastError: r.lastError,
 	}
+	r.mu.Unlock()
+	l.mu.Lock()
+	st.Labels = LabelStats{
+		Running: l.running.Load(), Received: l.received.Load(), Inserted: l.inserted.Load(), Rejected: l.rejected.Load(),
+		DeadLettered: l.deadLettered.Load(), Batches: l.batches.Load(), InsertFailures: l.insertFailures.Load(),
+		AckFailures: l.ackFailures.Load(), Pending: l.pending, AckPending: l.ackPending, LagAt: l.lagAt,
+		LastInsert: l.lastInsert, Retrying: l.retrying, LastError: l.lastError,
+	}
+	l.mu.Unlock()
+	return st
 }
 
 // Run ensures SYS1_RUNS and the sink consumer exist, then drains the stream until ctx is
-// cancelled. On cancellation the batches in hand are inserted and acked if that succeeds
-// within ShutdownTimeout, otherwise nak'ed for prompt redelivery; then Run returns nil. It returns an
-// error only when the stream or consumer cannot be set up.
+// cancelled; beside it, the label lane drains the checked labels of SYS1_LABELS (set up in the
+// background, retried until it works). On cancellation the batches in hand are inserted and
+// acked if that succeeds within ShutdownTimeout, otherwise nak'ed for prompt redelivery; then
+// Run returns nil. It returns an error only when SYS1_RUNS or its consumer cannot be set up.
 func (s *Sink) Run(ctx context.Context) error {
-	if err := topology.EnsureRunsStream(ctx, s.js, s.topo, topology.WithLogger(s.log)); err != nil {
-		return fmt.Errorf("sink: %w", err)
-	}
-	cons, err := topology.EnsureSinkConsumer(ctx, s.js, s.topo, s.cfg.AckWait, s.cfg.MaxAckPending)
+	cons, err := s.runs.ensure(ctx)
 	if err != nil {
 		return fmt.Errorf("sink: %w", err)
 	}
+	s.runs.running.Store(true)
 	s.log.Info().Str("stream", s.topo.RunsStream).Str("consumer", s.topo.SinkConsumer).
-		Str("database", s.cfg.Database).Str("record_state", string(s.cfg.RecordState)).
+		Str("labels_stream", s.topo.LabelsStream).Str("labels_consumer", s.topo.SinkLabelsConsumer).
+		Str("database", s.cfg.Database).Str("cluster", s.cfg.Cluster).Str("record_state", string(s.cfg.RecordState)).
 		Int("batch_size", s.cfg.BatchSize).Dur("batch_age", s.cfg.BatchAge).Msg("sink started")
 
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); s.watchLag(ctx, cons) }()
-	// Two stages, so decoding the next batch overlaps inserting this one: the fetcher pulls and
-	// prepares batches, the flusher (this goroutine) inserts and acks them. The channel holds
-	// one batch; every batch the fetcher took is flushed or nak'ed, even on shutdown.
-	work := make(chan *pending, 1)
-	go func() { defer wg.Done(); defer close(work); s.fetchLoop(ctx, cons, work) }()
-	for p := range work {
-		s.flush(ctx, p)
-	}
+	wg.Go(func() { s.drain(ctx, s.runs, cons) })
+	wg.Go(func() {
+		cons, ok := s.setUp(ctx, s.labels)
+		if ok {
+			s.drain(ctx, s.labels, cons)
+		}
+	})
 	wg.Wait()
 	s.logStats("sink stopped")
 	return nil
+}
+
+// setUp ensures a lane's stream and consumer, retrying with backoff until it works or ctx
+// ends. Every failure is logged at error level: a sink whose labels never arrive says why.
+func (s *Sink) setUp(ctx context.Context, l *lane) (jetstream.Consumer, bool) {
+	backoff := s.cfg.RetryMin
+	for {
+		cons, err := l.ensure(ctx)
+		if err == nil {
+			l.running.Store(true)
+			return cons, true
+		}
+		if ctx.Err() != nil {
+			return nil, false
+		}
+		s.log.Error().Err(err).Str("stream", l.stream).Str("consumer", l.consumer).Dur("retry_in", backoff).
+			Msg("sink: cannot set up the " + l.name + " lane (may this NATS user use it?); run records are not held up; retrying")
+		if !sleep(ctx, backoff) {
+			return nil, false
+		}
+		backoff = min(backoff*2, s.cfg.RetryMax)
+	}
+}
+
+// drain runs one lane until ctx is cancelled. Two stages, so decoding the next batch overlaps
+// inserting this one: the fetcher pulls and prepares batches, the flusher (this goroutine)
+// inserts and acks them. The channel holds one batch; every batch the fetcher took is flushed
+// or nak'ed, even on shutdown.
+func (s *Sink) drain(ctx context.Context, l *lane, cons jetstream.Consumer) {
+	var wg sync.WaitGroup
+	wg.Go(func() { s.watchLag(ctx, l, cons) })
+	work := make(chan *pending, 1)
+	wg.Go(func() { defer close(work); s.fetchLoop(ctx, l, cons, work) })
+	for p := range work {
+		s.flush(ctx, l, p)
+	}
+	wg.Wait()
 }
 
 // pending is a fetched batch on its way to ClickHouse, kept alive with InProgress until it
@@ -168,24 +285,24 @@ type pending struct {
 }
 
 // fetchLoop pulls and prepares batches until ctx is cancelled.
-func (s *Sink) fetchLoop(ctx context.Context, cons jetstream.Consumer, work chan<- *pending) {
+func (s *Sink) fetchLoop(ctx context.Context, l *lane, cons jetstream.Consumer, work chan<- *pending) {
 	backoff := s.cfg.RetryMin
 	var goneSince time.Time // when the consumer was first found missing (recreateIfGone)
 	for ctx.Err() == nil {
-		msgs, err := s.fetch(ctx, cons)
+		msgs, err := s.fetch(ctx, l, cons)
 		if len(msgs) > 0 {
 			// Kept alive from now on: the batch may wait behind a flush that is retrying.
 			p := &pending{msgs: msgs, stopKeepAlive: s.keepAlive(msgs)}
-			p.prepared = s.prepare(msgs)
+			p.prepared = l.prepare(msgs)
 			work <- p // never dropped: the flusher drains the channel until it is closed
 		}
 		if err != nil && ctx.Err() == nil {
 			// NATS trouble: the messages are safe in the stream; wait and pull again.
-			s.log.Warn().Err(err).Dur("retry_in", backoff).Msg("sink: fetch from SYS1_RUNS failed")
+			s.log.Warn().Err(err).Dur("retry_in", backoff).Msg("sink: fetch from " + l.stream + " failed")
 			if !sleep(ctx, backoff) {
 				return
 			}
-			if c, ok := s.recreateIfGone(ctx, err, &goneSince); ok {
+			if c, ok := s.recreateIfGone(ctx, l, err, &goneSince); ok {
 				cons = c
 			}
 			backoff = min(backoff*2, s.cfg.RetryMax)
@@ -196,55 +313,51 @@ func (s *Sink) fetchLoop(ctx context.Context, cons jetstream.Consumer, work chan
 	}
 }
 
-// recreateIfGone recreates the consumer, and SYS1_RUNS under it, when a failed pull was
-// because they no longer exist (deleted by someone, or NATS came back without its data) rather
-// than because NATS is unreachable, and have been missing for topology.RecreateSettle
-// (*goneSince tracks that). A recreated consumer starts again from the beginning of the
-// stream, and the copies it re-inserts fold away under FINAL.
-func (s *Sink) recreateIfGone(ctx context.Context, fetchErr error, goneSince *time.Time) (jetstream.Consumer, bool) {
+// recreateIfGone recreates a lane's consumer, and its stream, when a failed pull was because
+// they no longer exist (deleted by someone, or NATS came back without its data) rather than
+// because NATS is unreachable, and have been missing for topology.RecreateSettle (*goneSince
+// tracks that). A recreated consumer starts again from the beginning of the stream, and the
+// copies it re-inserts fold away under FINAL.
+func (s *Sink) recreateIfGone(ctx context.Context, l *lane, fetchErr error, goneSince *time.Time) (jetstream.Consumer, bool) {
 	gone := errors.Is(fetchErr, jetstream.ErrConsumerDeleted) || errors.Is(fetchErr, jetstream.ErrConsumerNotFound) ||
-		topology.ConsumerGone(ctx, s.js, s.topo.RunsStream, s.topo.SinkConsumer)
+		topology.ConsumerGone(ctx, s.js, l.stream, l.consumer)
 	if !gone {
 		return nil, false
 	}
 	if goneSince.IsZero() {
 		*goneSince = time.Now()
-		s.log.Warn().Dur("recreate_in", topology.RecreateSettle).Msg("sink: the consumer (or its stream) is gone; recreating it")
+		s.log.Warn().Str("stream", l.stream).Dur("recreate_in", topology.RecreateSettle).Msg("sink: the consumer (or its stream) is gone; recreating it")
 	}
 	if time.Since(*goneSince) < topology.RecreateSettle {
 		return nil, false
 	}
-	if err := topology.EnsureRunsStream(ctx, s.js, s.topo, topology.WithLogger(s.log)); err != nil {
-		s.log.Warn().Err(err).Msg("sink: the consumer is gone and SYS1_RUNS could not be recreated; trying again")
-		return nil, false
-	}
-	c, err := topology.EnsureSinkConsumer(ctx, s.js, s.topo, s.cfg.AckWait, s.cfg.MaxAckPending)
+	c, err := l.ensure(ctx)
 	if err != nil {
-		s.log.Warn().Err(err).Msg("sink: the consumer is gone and could not be recreated; trying again")
+		s.log.Warn().Err(err).Str("stream", l.stream).Msg("sink: the consumer is gone and could not be recreated; trying again")
 		return nil, false
 	}
 	*goneSince = time.Time{}
-	s.log.Warn().Str("stream", s.topo.RunsStream).Str("consumer", s.topo.SinkConsumer).Msg("sink: the consumer (or its stream) was gone; recreated it")
+	s.log.Warn().Str("stream", l.stream).Str("consumer", l.consumer).Msg("sink: the consumer (or its stream) was gone; recreated it")
 	return c, true
 }
 
 // fetch pulls one batch: up to BatchSize messages, waiting at most BatchAge. Bounding the pull
 // itself (not the time since the first message) keeps exactly one pull request outstanding,
 // so no message is ever delivered to a sink that stopped listening.
-func (s *Sink) fetch(ctx context.Context, cons jetstream.Consumer) ([]jetstream.Msg, error) {
+func (s *Sink) fetch(ctx context.Context, l *lane, cons jetstream.Consumer) ([]jetstream.Msg, error) {
 	fctx, cancel := context.WithTimeout(ctx, s.cfg.BatchAge)
 	defer cancel()
 	batch, err := cons.Fetch(s.cfg.BatchSize, jetstream.FetchContext(fctx))
 	if err != nil {
-		return nil, fmt.Errorf("pull from %s/%s: %w", s.topo.RunsStream, s.topo.SinkConsumer, err)
+		return nil, fmt.Errorf("pull from %s/%s: %w", l.stream, l.consumer, err)
 	}
 	msgs := make([]jetstream.Msg, 0, min(s.cfg.BatchSize, 1024))
 	for m := range batch.Messages() {
 		msgs = append(msgs, m)
 	}
-	s.received.Add(uint64(len(msgs)))
+	l.received.Add(uint64(len(msgs)))
 	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-		return msgs, fmt.Errorf("pull from %s/%s: %w", s.topo.RunsStream, s.topo.SinkConsumer, err)
+		return msgs, fmt.Errorf("pull from %s/%s: %w", l.stream, l.consumer, err)
 	}
 	return msgs, nil
 }
@@ -253,12 +366,17 @@ func (s *Sink) fetch(ctx context.Context, cons jetstream.Consumer) ([]jetstream.
 // the record's run id, readable even when its body is not.
 const headerRunID = "Sys1-Run-Id"
 
+// insertable is a row of a lane's table: its values in the lane's INSERT column order.
+type insertable interface{ values() []any }
+
 // prepared is a batch split into insertable rows and dead letters, and how far its insert got
 // (each step is done once; a retry resumes where the last attempt failed).
 type prepared struct {
-	rows   []*row
+	rows   []insertable
 	rowSrc []source // the message of each row, should ClickHouse reject the row
 	dead   []*deadLetter
+	// rejected counts the dead letters that are labels the workers refused (a label lane's).
+	refused int
 
 	deadDone, rowsDone, rejectedDone bool
 	// rejected are rows ClickHouse refused as data (see insertIsolating), parked as dead letters.
@@ -272,10 +390,11 @@ type source struct {
 	runID      string // the record's run id, for log lines about it
 	deliveries uint64
 	from       origin
+	kind       string // its dead-letter kind, should ClickHouse reject the row
 }
 
 func (s *Sink) prepare(msgs []jetstream.Msg) prepared {
-	p := prepared{rows: make([]*row, 0, len(msgs))}
+	p := prepared{rows: make([]insertable, 0, len(msgs))}
 	for _, m := range msgs {
 		from := origin{stream: s.topo.RunsStream}
 		var deliveries uint64
@@ -302,7 +421,7 @@ func (s *Sink) prepare(msgs []jetstream.Msg) prepared {
 			continue
 		}
 		p.rows = append(p.rows, r)
-		p.rowSrc = append(p.rowSrc, source{data: m.Data(), subject: m.Subject(), runID: r.runID, deliveries: deliveries, from: from})
+		p.rowSrc = append(p.rowSrc, source{data: m.Data(), subject: m.Subject(), runID: r.runID, deliveries: deliveries, from: from, kind: deadRun})
 	}
 	p.deadDone = len(p.dead) == 0
 	return p
@@ -328,7 +447,7 @@ func dedupToken(stream, table string, msgs []origin) string {
 
 // flush inserts a batch, retrying until it succeeds or ctx is cancelled, then acks it (or naks
 // it when it could not be inserted before shutdown).
-func (s *Sink) flush(ctx context.Context, work *pending) {
+func (s *Sink) flush(ctx context.Context, l *lane, work *pending) {
 	defer work.stopKeepAlive()
 	msgs, p := work.msgs, &work.prepared
 	// In-flight work may finish for ShutdownTimeout after ctx is cancelled.
@@ -342,22 +461,22 @@ func (s *Sink) flush(ctx context.Context, work *pending) {
 
 	backoff := s.cfg.RetryMin
 	for attempt := 1; ; attempt++ {
-		err := s.insertOnce(grace, p)
+		err := s.insertOnce(grace, l, p)
 		if err == nil {
 			break
 		}
-		s.insertFailures.Add(1)
-		s.mu.Lock()
-		s.retrying, s.lastError = true, err.Error()
-		s.mu.Unlock()
+		l.insertFailures.Add(1)
+		l.mu.Lock()
+		l.retrying, l.lastError = true, err.Error()
+		l.mu.Unlock()
 		if ctx.Err() != nil {
-			s.log.Warn().Err(err).Int("records", len(msgs)).Msg("sink: shutting down with an uninserted batch; nak'ing it for redelivery")
+			s.log.Warn().Err(err).Str("lane", l.name).Int("records", len(msgs)).Msg("sink: shutting down with an uninserted batch; nak'ing it for redelivery")
 			s.nakAll(msgs)
 			return
 		}
 		wait := backoff/2 + rand.N(backoff/2+1)
-		s.log.Warn().Err(err).Int("attempt", attempt).Int("records", len(msgs)).Dur("retry_in", wait).
-			Msg("sink: insert into ClickHouse failed; records stay unacked in SYS1_RUNS and will be retried")
+		s.log.Warn().Err(err).Str("lane", l.name).Int("attempt", attempt).Int("records", len(msgs)).Dur("retry_in", wait).
+			Msg("sink: insert into ClickHouse failed; the messages stay unacked in " + l.stream + " and will be retried")
 		if !sleep(ctx, wait) {
 			s.nakAll(msgs)
 			return
@@ -365,56 +484,57 @@ func (s *Sink) flush(ctx context.Context, work *pending) {
 		backoff = min(backoff*2, s.cfg.RetryMax)
 	}
 
-	s.inserted.Add(uint64(len(p.rows) - len(p.rejected)))
-	s.deadLettered.Add(uint64(len(p.dead) + len(p.rejected)))
-	s.batches.Add(1)
-	s.mu.Lock()
-	if s.retrying {
-		s.log.Info().Msg("sink: ClickHouse inserts succeed again")
+	l.inserted.Add(uint64(len(p.rows) - len(p.rejected)))
+	l.deadLettered.Add(uint64(len(p.dead) + len(p.rejected)))
+	l.rejected.Add(uint64(p.refused))
+	l.batches.Add(1)
+	l.mu.Lock()
+	if l.retrying {
+		s.log.Info().Str("lane", l.name).Msg("sink: ClickHouse inserts succeed again")
 	}
-	s.retrying, s.lastInsert = false, time.Now()
-	s.mu.Unlock()
+	l.retrying, l.lastInsert = false, time.Now()
+	l.mu.Unlock()
 	if s.afterInsert != nil {
 		s.afterInsert()
 	}
 	if err := s.ackAll(grace, msgs); err != nil {
-		s.ackFailures.Add(1)
-		s.log.Warn().Err(err).Int("records", len(msgs)).Msg("sink: ack failed after a successful insert; the records will be redelivered and deduplicated")
+		l.ackFailures.Add(1)
+		s.log.Warn().Err(err).Str("lane", l.name).Int("records", len(msgs)).Msg("sink: ack failed after a successful insert; the messages will be redelivered and deduplicated")
 	}
 }
 
 // insertOnce makes one attempt at the batch: its dead letters, its rows, then the rows
 // ClickHouse rejected as data. A step that succeeded is not repeated by the next attempt.
-func (s *Sink) insertOnce(ctx context.Context, p *prepared) error {
+func (s *Sink) insertOnce(ctx context.Context, l *lane, p *prepared) error {
 	if !p.deadDone {
-		if err := s.insertDeadLetters(ctx, p.dead, "runs_dead_letter"); err != nil {
+		if err := s.insertDeadLetters(ctx, l, p.dead, l.deadScope); err != nil {
 			return fmt.Errorf("insert %d dead letters: %w", len(p.dead), err)
 		}
 		p.deadDone = true
 	}
 	if !p.rowsDone {
-		rejected, err := s.insertIsolating(ctx, p.rows, p.rowSrc)
+		rejected, err := s.insertIsolating(ctx, l, p.rows, p.rowSrc)
 		if err != nil {
-			return fmt.Errorf("insert %d run records: %w", len(p.rows), err)
+			return fmt.Errorf("insert %d %s: %w", len(p.rows), l.name, err)
 		}
 		p.rowsDone, p.rejected, p.rejectedDone = true, rejected, len(rejected) == 0
 	}
 	if !p.rejectedDone {
-		if err := s.insertDeadLetters(ctx, p.rejected, "runs_dead_letter/rejected"); err != nil {
-			return fmt.Errorf("insert %d rejected records as dead letters: %w", len(p.rejected), err)
+		if err := s.insertDeadLetters(ctx, l, p.rejected, l.rejectedScope); err != nil {
+			return fmt.Errorf("insert %d rows ClickHouse rejected as dead letters: %w", len(p.rejected), err)
 		}
 		p.rejectedDone = true
 	}
 	return nil
 }
 
-func (s *Sink) insertDeadLetters(ctx context.Context, dead []*deadLetter, tokenScope string) error {
+func (s *Sink) insertDeadLetters(ctx context.Context, l *lane, dead []*deadLetter, tokenScope string) error {
 	vals := make([][]any, len(dead))
 	from := make([]origin, len(dead))
 	for i, d := range dead {
 		vals[i], from[i] = d.values(), d.from
 	}
-	return s.insert(ctx, s.insertDead, dedupToken(s.topo.RunsStream, tokenScope, from), vals)
+	return s.insert(ctx, s.insertDead, dedupToken(l.stream, tokenScope, from), vals)
 }
 
 // insertIsolating inserts rows. When ClickHouse rejects the data itself (a constraint, a
@@ -422,7 +542,7 @@ func (s *Sink) insertDeadLetters(ctx context.Context, dead []*deadLetter, tokenS
 // finds the rows it rejects and returns them as dead letters, so one bad record cannot stall
 // the stream. The halving is deterministic, so a retry sends the same sub-batches with the
 // same deduplication tokens.
-func (s *Sink) insertIsolating(ctx context.Context, rows []*row, src []source) ([]*deadLetter, error) {
+func (s *Sink) insertIsolating(ctx context.Context, l *lane, rows []insertable, src []source) ([]*deadLetter, error) {
 	if len(rows) == 0 {
 		return nil, nil
 	}
@@ -431,22 +551,24 @@ func (s *Sink) insertIsolating(ctx context.Context, rows []*row, src []source) (
 	for i, r := range rows {
 		vals[i], from[i] = r.values(), src[i].from
 	}
-	err := s.insert(ctx, s.insertRuns, dedupToken(s.topo.RunsStream, "runs", from), vals)
+	err := s.insert(ctx, l.insertRows, dedupToken(l.stream, l.rowsScope, from), vals)
 	if err == nil || !rejectedAsData(err) {
 		return nil, err
 	}
 	if len(rows) == 1 {
 		reason := "ClickHouse rejected the record: " + err.Error()
-		s.log.Error().Str("run_id", src[0].runID).Str("subject", src[0].subject).Uint64("runs_seq", src[0].from.seq).Str("reason", reason).
-			Msg("sink: run record cannot be stored; parking it in the dead-letter table")
-		return []*deadLetter{newDeadLetter(src[0].data, src[0].from, src[0].subject, src[0].deliveries, reason, s.cfg.RecordState)}, nil
+		s.log.Error().Str("run_id", src[0].runID).Str("subject", src[0].subject).Str("stream", src[0].from.stream).Uint64("runs_seq", src[0].from.seq).Str("reason", reason).
+			Msg("sink: " + l.name + " message cannot be stored; parking it in the dead-letter table")
+		d := newDeadLetter(src[0].data, src[0].from, src[0].subject, src[0].deliveries, reason, s.cfg.RecordState)
+		d.kind = src[0].kind
+		return []*deadLetter{d}, nil
 	}
 	mid := len(rows) / 2
-	left, err := s.insertIsolating(ctx, rows[:mid], src[:mid])
+	left, err := s.insertIsolating(ctx, l, rows[:mid], src[:mid])
 	if err != nil {
 		return nil, err
 	}
-	right, err := s.insertIsolating(ctx, rows[mid:], src[mid:])
+	right, err := s.insertIsolating(ctx, l, rows[mid:], src[mid:])
 	if err != nil {
 		return nil, err
 	}
@@ -484,12 +606,18 @@ func rejectedAsData(err error) bool {
 func (s *Sink) insert(ctx context.Context, query, token string, rows [][]any) error {
 	ictx, cancel := context.WithTimeout(ctx, s.cfg.InsertTimeout)
 	defer cancel()
-	ictx = clickhouse.Context(ictx, clickhouse.WithSettings(clickhouse.Settings{
+	settings := clickhouse.Settings{
 		"insert_deduplicate":         1,
 		"insert_deduplication_token": token,
 		// Without this a deduplicated retry would still be aggregated by the views.
 		"deduplicate_blocks_in_dependent_materialized_views": 1,
-	}))
+	}
+	if s.cfg.Cluster != "" {
+		// Into a Distributed table: return only once every shard has its rows (by default
+		// they would be queued on this node and sent later), so an ack means stored.
+		settings["insert_distributed_sync"] = 1
+	}
+	ictx = clickhouse.Context(ictx, clickhouse.WithSettings(settings))
 	batch, err := s.conn.PrepareBatch(ictx, query)
 	if err != nil {
 		return fmt.Errorf("prepare: %w", err)
@@ -556,45 +684,52 @@ func (s *Sink) nakAll(msgs []jetstream.Msg) {
 	}
 }
 
-// watchLag reads the consumer's backlog every StatsInterval and logs the counters.
-func (s *Sink) watchLag(ctx context.Context, cons jetstream.Consumer) {
+// watchLag reads a lane's consumer backlog every StatsInterval; the runs lane also logs the
+// counters (of both lanes).
+func (s *Sink) watchLag(ctx context.Context, l *lane, cons jetstream.Consumer) {
 	t := time.NewTicker(s.cfg.StatsInterval)
 	defer t.Stop()
 	for {
-		s.updateLag(ctx, cons)
+		s.updateLag(ctx, l, cons)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.logStats("sink stats")
+			if l == s.runs {
+				s.logStats("sink stats")
+			}
 		}
 	}
 }
 
-func (s *Sink) updateLag(ctx context.Context, cons jetstream.Consumer) {
+func (s *Sink) updateLag(ctx context.Context, l *lane, cons jetstream.Consumer) {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	info, err := cons.Info(ictx)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Warn().Err(err).Msg("sink: cannot read consumer lag")
+			s.log.Warn().Err(err).Str("stream", l.stream).Msg("sink: cannot read consumer lag")
 		}
 		return
 	}
-	s.mu.Lock()
-	s.pending, s.ackPending, s.lagAt = info.NumPending, uint64(info.NumAckPending), time.Now()
-	s.mu.Unlock()
+	l.mu.Lock()
+	l.pending, l.ackPending, l.lagAt = info.NumPending, uint64(info.NumAckPending), time.Now()
+	l.mu.Unlock()
 }
 
 func (s *Sink) logStats(msg string) {
 	st := s.Stats()
 	ev := s.log.Info()
-	if st.Retrying {
-		ev = s.log.Warn().Str("last_error", st.LastError)
+	if st.Retrying || st.Labels.Retrying {
+		ev = s.log.Warn().Str("last_error", st.LastError).Str("labels_last_error", st.Labels.LastError)
 	}
 	ev.Uint64("received", st.Received).Uint64("inserted", st.Inserted).Uint64("dead_lettered", st.DeadLettered).
 		Uint64("batches", st.Batches).Uint64("insert_failures", st.InsertFailures).Uint64("ack_failures", st.AckFailures).
-		Uint64("lag_pending", st.Pending).Uint64("lag_ack_pending", st.AckPending).Bool("retrying", st.Retrying).Msg(msg)
+		Uint64("lag_pending", st.Pending).Uint64("lag_ack_pending", st.AckPending).Bool("retrying", st.Retrying).
+		Bool("labels_running", st.Labels.Running).Uint64("labels_inserted", st.Labels.Inserted).
+		Uint64("labels_rejected", st.Labels.Rejected).Uint64("labels_dead_lettered", st.Labels.DeadLettered).
+		Uint64("labels_lag_pending", st.Labels.Pending).Uint64("labels_lag_ack_pending", st.Labels.AckPending).
+		Bool("labels_retrying", st.Labels.Retrying).Msg(msg)
 }
 
 // sleep waits d or until ctx is done; it reports whether the full wait elapsed.

@@ -179,7 +179,7 @@ func TestInsertRetryIsDeduplicated(t *testing.T) {
 	}
 	ctx := context.Background()
 	for range 3 {
-		if err := s.insertOnce(ctx, &p); err != nil {
+		if err := s.insertOnce(ctx, s.runs, &p); err != nil {
 			t.Fatal(err)
 		}
 		p.rowsDone = false // as if the insert's success had been lost on the way back
@@ -225,8 +225,9 @@ func TestRecreatedStreamIsNotDeduplicatedAway(t *testing.T) {
 	drain(2 * n)
 }
 
-// ClickHouse unreachable: records stay in SYS1_RUNS, the sink retries and reports lag, a sink
-// stopped during the outage gives its batch back, and once ClickHouse returns nothing is lost.
+// ClickHouse unreachable: records (and labels) stay in their streams, the sink retries and
+// reports lag, a sink stopped during the outage gives its batch back, and once ClickHouse
+// returns nothing is lost.
 func TestSinkSurvivesClickHouseOutage(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.InsertTimeout = 2 * time.Second })
 	u, err := url.Parse(e.cfg.DSN)
@@ -241,6 +242,8 @@ func TestSinkSurvivesClickHouseOutage(t *testing.T) {
 
 	const n = 1500
 	e.publish(t, makeRecords(0, n))
+	labels := makeLabels(300)
+	e.publishLabels(t, labels)
 	first := e.startSink(t, cfg, nil)
 	waitFor(t, time.Minute, "inserts to fail while ClickHouse is down", func() bool {
 		st := first.Stats()
@@ -256,11 +259,15 @@ func TestSinkSurvivesClickHouseOutage(t *testing.T) {
 	waitFor(t, time.Minute, "the second sink to hit the outage", func() bool { return second.Stats().InsertFailures >= 1 })
 	px.setUp(true)
 	waitFor(t, 2*time.Minute, "the backlog to drain once ClickHouse is back", func() bool {
-		return e.consumerDrained(t) && second.Stats().Inserted >= n
+		return e.consumerDrained(t) && second.Stats().Inserted >= n && e.labelsDrained(t)
 	})
 	second.stop(t)
 	if got := e.count(t, "SELECT count() FROM %s.runs FINAL"); got != n {
 		t.Fatalf("rows under FINAL after the outage = %d, want %d", got, n)
+	}
+	// The labels waited in SYS1_LABELS the same way.
+	if got := e.count(t, "SELECT count() FROM %s.labels FINAL"); got != uint64(len(labels)) {
+		t.Fatalf("labels under FINAL after the outage = %d, want %d", got, len(labels))
 	}
 	if st := second.Stats(); st.Retrying {
 		t.Errorf("still retrying after recovery: %+v", st)

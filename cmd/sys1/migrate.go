@@ -21,14 +21,17 @@ func init() {
 }
 
 // runMigrate applies the embedded migrations and reconciles the TTL with
-// SYS1_RETENTION_DAYS. With -status it only reports the schema version.
+// SYS1_RETENTION_DAYS. With -status it only reports the schema version; with -print it only
+// prints the DDL it would run on an empty database (SYS1_CLICKHOUSE_DATABASE,
+// SYS1_CLICKHOUSE_CLUSTER, SYS1_RETENTION_DAYS), without connecting.
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	status := fs.Bool("status", false, "report the applied migrations and change nothing")
+	printDDL := fs.Bool("print", false, "print the schema's DDL for this configuration and change nothing (needs no ClickHouse)")
 	wait := fs.Duration("wait", defaultMigrateWait, "how long to keep retrying while ClickHouse does not answer (backoff: SYS1_SINK_RETRY_MIN to SYS1_SINK_RETRY_MAX)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: sys1 migrate [-status] [-wait DURATION]\n\nCreates or upgrades the sys1 schema in ClickHouse (SYS1_CLICKHOUSE_DSN,\nSYS1_CLICKHOUSE_DATABASE, SYS1_RETENTION_DAYS). Running it again is a no-op.\nWhile ClickHouse does not answer it retries with backoff for up to -wait.")
+		fmt.Fprintln(stderr, "usage: sys1 migrate [-status | -print] [-wait DURATION]\n\nCreates or upgrades the sys1 schema in ClickHouse (SYS1_CLICKHOUSE_DSN,\nSYS1_CLICKHOUSE_DATABASE, SYS1_CLICKHOUSE_CLUSTER, SYS1_RETENTION_DAYS). Running it again\nis a no-op. While ClickHouse does not answer it retries with backoff for up to -wait.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -37,12 +40,28 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		return exitUsage
 	}
-	if fs.NArg() > 0 {
+	if fs.NArg() > 0 || *status && *printDDL {
 		fs.Usage()
 		return exitUsage
 	}
 	cfg := sink.DefaultConfig()
 	var logCfg LogConfig
+	if *printDDL {
+		if err := loadConfig(&logCfg, &cfg); err != nil {
+			fmt.Fprintln(stderr, "sys1 migrate:", err)
+			return exitUsage
+		}
+		ddl, err := migrate.Render(cfg.MigrateOptions())
+		if err != nil {
+			fmt.Fprintln(stderr, "sys1 migrate:", err)
+			return exitUsage
+		}
+		if _, err := io.WriteString(stdout, ddl); err != nil {
+			fmt.Fprintf(stderr, "sys1 migrate: write: %v\n", err)
+			return exitFailed
+		}
+		return exitOK
+	}
 	waitPositive := check(func() []error {
 		if *wait <= 0 {
 			return []error{fmt.Errorf("-wait: must be positive, got %s", *wait)}

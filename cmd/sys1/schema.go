@@ -14,7 +14,7 @@ import (
 func init() {
 	register(command{
 		name:    "schema",
-		summary: "print the JSON Schemas of the request, reply and run record",
+		summary: "print the JSON Schemas (request, reply, run record, review item, label, label replies)",
 		run:     runSchema,
 	})
 }

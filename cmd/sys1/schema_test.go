@@ -19,12 +19,16 @@ func TestSchemaCommand(t *testing.T) {
 		wantID   string   // one schema: its $id
 		stderr   string
 	}{
-		{name: "all", args: nil, code: exitOK, wantKeys: []string{"record", "reply", "request", "health", "capabilities"}},
+		{name: "all", args: nil, code: exitOK, wantKeys: contract.SchemaNames()},
 		{name: "request", args: []string{"request"}, code: exitOK, wantID: contract.SchemaID("request")},
 		{name: "reply", args: []string{"reply"}, code: exitOK, wantID: contract.SchemaID("reply")},
 		{name: "record", args: []string{"record"}, code: exitOK, wantID: contract.SchemaID("record")},
+		{name: "review item", args: []string{"review-item"}, code: exitOK, wantID: contract.SchemaID("review-item")},
+		{name: "label", args: []string{"label"}, code: exitOK, wantID: contract.SchemaID("label")},
+		{name: "label reply", args: []string{"label-reply"}, code: exitOK, wantID: contract.SchemaID("label-reply")},
+		{name: "label rejection", args: []string{"label-rejection"}, code: exitOK, wantID: contract.SchemaID("label-rejection")},
 		{name: "unknown", args: []string{"answer"}, code: exitUsage, stderr: `unknown schema "answer"`},
-		{name: "too many", args: []string{"request", "reply"}, code: exitUsage, stderr: "usage: sys1 schema [request|reply|record|health|capabilities]"},
+		{name: "too many", args: []string{"request", "reply"}, code: exitUsage, stderr: "usage: sys1 schema [request|reply|record|review-item|label|label-reply|label-rejection|health|capabilities]"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

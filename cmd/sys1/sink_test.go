@@ -28,11 +28,11 @@ func TestMigrateCommand(t *testing.T) {
 	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK {
 		t.Fatalf("sys1 migrate = %d, stderr: %s", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), "schema version 0 -> 1 (applied 0001_init)") {
+	if !strings.Contains(out.String(), "schema version 0 -> 4 (applied 0001_init, 0002_runs_v2, 0003_labels, 0004_views)") {
 		t.Errorf("first migrate said: %q", out.String())
 	}
 	out.Reset()
-	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK || !strings.Contains(out.String(), "up to date (version 1)") {
+	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK || !strings.Contains(out.String(), "up to date (version 4)") {
 		t.Errorf("second migrate = %d: %q", code, out.String())
 	}
 	out.Reset()
@@ -55,8 +55,9 @@ func TestMigrateCommandConfigErrors(t *testing.T) {
 		{"no DSN", map[string]string{"SYS1_CLICKHOUSE_DSN": ""}, []string{"SYS1_CLICKHOUSE_DSN is not set"}},
 		{"every bad variable named", map[string]string{
 			"SYS1_CLICKHOUSE_DSN": "ftp://x", "SYS1_CLICKHOUSE_DATABASE": "no-dashes",
-			"SYS1_RECORD_STATE": "some", "SYS1_RETENTION_DAYS": "0",
-		}, []string{"SYS1_CLICKHOUSE_DSN", "SYS1_CLICKHOUSE_DATABASE", "SYS1_RECORD_STATE", "SYS1_RETENTION_DAYS"}},
+			"SYS1_RECORD_STATE": "some", "SYS1_RETENTION_DAYS": "0", "SYS1_CLICKHOUSE_CLUSTER": "prod eu; DROP",
+		}, []string{"SYS1_CLICKHOUSE_DSN", "SYS1_CLICKHOUSE_DATABASE", "SYS1_RECORD_STATE", "SYS1_RETENTION_DAYS",
+			`SYS1_CLICKHOUSE_CLUSTER: "prod eu; DROP" is not a ClickHouse cluster name`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {
@@ -78,7 +79,39 @@ func TestMigrateCommandConfigErrors(t *testing.T) {
 	}
 }
 
-// sys1 sink drains records published to SYS1_RUNS and exits 0 on cancellation.
+// TestMigratePrint: `sys1 migrate -print` prints the DDL for the configuration without a
+// ClickHouse, ON CLUSTER when a cluster is set, and refuses a bad cluster name at once.
+func TestMigratePrint(t *testing.T) {
+	t.Setenv("SYS1_CLICKHOUSE_DSN", "")
+	t.Setenv("SYS1_CLICKHOUSE_DATABASE", "analytics_db")
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"migrate", "-print"}, &out, &errOut); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "CREATE TABLE IF NOT EXISTS `analytics_db`.runs\n") || strings.Contains(out.String(), "ON CLUSTER") {
+		t.Errorf("single-server DDL:\n%s", out.String())
+	}
+	t.Setenv("SYS1_CLICKHOUSE_CLUSTER", "eu_prod")
+	out.Reset()
+	if code := run(context.Background(), []string{"migrate", "-print"}, &out, &errOut); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "CREATE TABLE IF NOT EXISTS `analytics_db`.runs_local ON CLUSTER `eu_prod`") ||
+		!strings.Contains(out.String(), "ENGINE = Distributed('eu_prod', 'analytics_db', 'runs_local', cityHash64(run_id))") {
+		t.Errorf("cluster DDL:\n%s", out.String())
+	}
+	t.Setenv("SYS1_CLICKHOUSE_CLUSTER", "eu prod")
+	out.Reset()
+	errOut.Reset()
+	if code := run(context.Background(), []string{"migrate", "-print"}, &out, &errOut); code != exitUsage ||
+		!strings.Contains(errOut.String(), `SYS1_CLICKHOUSE_CLUSTER: "eu prod" is not a ClickHouse cluster name`) || out.Len() != 0 {
+		t.Errorf("bad cluster: exit %d, stderr %s, stdout %d bytes", code, errOut.String(), out.Len())
+	}
+	if code := run(context.Background(), []string{"migrate", "-print", "-status"}, &out, &errOut); code != exitUsage {
+		t.Errorf("-print with -status: exit %d", code)
+	}
+}
+
 // TestMigrateRetriesAnUnreachableClickHouse: `sys1 migrate` started before ClickHouse answers
 // keeps trying with the sink's backoff, logging each failed try, and once -wait has passed
 // exits non-zero naming the DSN's host, never its password.
@@ -174,6 +207,19 @@ func TestSinkCommand(t *testing.T) {
 	}
 	natstest.WaitFor(t, time.Minute, "the rows in ClickHouse", func() bool {
 		return db.Count(t, "SELECT count() FROM `"+db.Name+"`.runs FINAL") == n
+	})
+	// The same process drains checked labels: it creates SYS1_LABELS, and an accepted label
+	// becomes a row of labels.
+	natstest.WaitFor(t, time.Minute, "the sink to create SYS1_LABELS", func() bool {
+		_, err := js.Stream(ctx, "SYS1_LABELS")
+		return err == nil
+	})
+	label, _ := contract.Label{RunID: "cmd-0", Question: "q", Value: []byte("true"), Caller: "cli", Source: contract.LabelSourceProducer}.MarshalJSON()
+	if _, err := js.Publish(ctx, "sys1.labels.cli.accepted", label); err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, time.Minute, "the label in ClickHouse", func() bool {
+		return db.Count(t, "SELECT count() FROM `"+db.Name+"`.labels FINAL WHERE run_id = 'cmd-0' AND label = 'true'") == 1
 	})
 	// The operational endpoint shows what the sink did (and its lag, for alerting).
 	metrics := httpGet(t, "http://"+httpAddr+"/metrics")

@@ -1,5 +1,5 @@
 // Package examples holds the contract's example messages: requests (one, ticket, sixty-four,
-// image), replies and a run record. The contract's tests validate every one against the JSON
+// image), replies, a run record, a review item, a label and the replies to label submissions. The contract's tests validate every one against the JSON
 // Schemas and the decoders, and `sys1 bench` uses the requests as its templates, so the bench
 // always sends exactly what the documentation shows.
 package examples

@@ -1,12 +1,18 @@
 -- sys1 analyst kit: questions answered from ClickHouse.
 --
 -- Tables (database sys1 by default; replace "sys1." if SYS1_CLICKHOUSE_DATABASE differs):
---   sys1.runs             one row per run under FINAL; answers/attempts/images as arrays
---   sys1.runs_per_minute  per-minute aggregates by model, caller, status (fed by a view)
---   sys1.runs_dead_letter records the sink could not store
+--   sys1.runs              one row per run under FINAL; answers/attempts/images as arrays
+--   sys1.labels            the latest label per run and question under FINAL
+--   sys1.labelled_answers  (view) each labelled question with its answer and label
+--   sys1.runs_per_minute   per-minute aggregates by model, caller, status (fed by a view)
+--   sys1.spend_by_caller_day, sys1.spend_by_model_day, sys1.batch_progress,
+--   sys1.batch_outcomes    (views) spend and batches
+--   sys1.runs_dead_letter  what the sink could not store, and rejected labels
 --
 -- Read runs with FINAL for exact counts: a record the sink had to write twice is one row only
 -- under FINAL. runs_per_minute is cheap for dashboards; its counts are per inserted row.
+-- Queries about one batch take it as a parameter: clickhouse-client --param_batch_id=…
+-- (or SET param_batch_id = '…' in a session).
 -- Every query below is run against a populated database by sink/queries_test.go.
 
 -- 1. Latency percentiles per model over the last 7 days (from the per-minute view: fast at any
@@ -160,9 +166,12 @@ WHERE status = 'success'
 ORDER BY latency_ms DESC
 LIMIT 20;
 
--- 12. Operations: records the sink could not store, by reason, over the last 7 days. Look a
---     record up in SYS1_RUNS by runs_seq while the stream still holds it.
+-- 12. Operations: what the sink could not store, and labels the workers refused, by kind and
+--     reason, over the last 7 days. kind is run, label or rejected_label; look a message up in
+--     its stream (runs_stream: SYS1_RUNS or SYS1_LABELS) by runs_seq while the stream holds it.
 SELECT
+    kind,
+    runs_stream,
     error,
     count()                 AS n_records,
     min(runs_seq)           AS first_seq,
@@ -170,5 +179,120 @@ SELECT
     max(received_at)        AS last_received
 FROM sys1.runs_dead_letter FINAL
 WHERE received_at >= now() - INTERVAL 7 DAY
-GROUP BY error
+GROUP BY kind, runs_stream, error
 ORDER BY n_records DESC;
+
+-- 13. Accuracy by confidence bucket (buckets of 0.1) per question over the last 30 days of
+--     labels: a calibrated model's accuracy in a bucket matches the bucket's confidence;
+--     confidence is concentration, so expect a gap until `sys1 calibrate` has fitted it.
+SELECT
+    question,
+    floor(confidence * 10) / 10           AS confidence_bucket,
+    count()                               AS n_labelled,
+    round(avg(correct), 3)                AS accuracy,
+    round(avg(label_probability), 3)      AS mean_probability_of_label
+FROM sys1.labelled_answers
+WHERE isNotNull(confidence)
+  AND labelled_at >= now() - INTERVAL 30 DAY
+GROUP BY question, confidence_bucket
+ORDER BY question, confidence_bucket;
+
+-- 14. Abstention rate by caller and question over the last 7 days: how often the policy held
+--     an answer back (answers.verdict is '' for runs without a policy, left out here).
+SELECT
+    caller,
+    answers.name                                            AS question,
+    count()                                                 AS n_answers,
+    countIf(answers.verdict = 'abstained')                  AS n_abstained,
+    round(countIf(answers.verdict = 'abstained') / count(), 4) AS abstention_rate,
+    countIf(answers.verdict = 'reviewed')                   AS n_reviewed
+FROM sys1.runs FINAL
+ARRAY JOIN answers
+WHERE answers.verdict != ''
+  AND finished_at >= now() - INTERVAL 7 DAY
+GROUP BY caller, question
+ORDER BY abstention_rate DESC, n_answers DESC;
+
+-- 15. Reviewer throughput per day over the last 30 days: labels per reviewer from the review
+--     page, how often they agreed with the model, and how long a run waited for its label.
+SELECT
+    toDate(labelled_at)                                             AS day,
+    reviewer,
+    count()                                                         AS n_labels,
+    uniqExact(run_id)                                               AS n_runs,
+    round(avg(correct), 3)                                          AS agreement_with_model,
+    round(quantile(0.5)(dateDiff('second', finished_at, labelled_at)) / 60, 1) AS median_minutes_to_label
+FROM sys1.labelled_answers
+WHERE source = 'review'
+  AND labelled_at >= now() - INTERVAL 30 DAY
+GROUP BY day, reviewer
+ORDER BY day DESC, n_labels DESC;
+
+-- 16. A batch's label distribution: per question, how often each answer was given (choice: the
+--     option; noul: true when P(yes) ≥ 0.5; score: the rounded level) and how many of those
+--     the policy held back. Parameter: batch_id.
+SELECT
+    answers.name                                                  AS question,
+    multiIf(answers.type = 'choice', toString(answers.choice),
+            answers.type = 'noul', if(answers.noul >= 0.5, 'true', 'false'),
+            toString(toUInt32(round(ifNull(answers.score, 0)))))  AS answer,
+    count()                                                       AS n_answers,
+    round(count() / sum(count()) OVER (PARTITION BY answers.name), 4) AS share,
+    countIf(answers.verdict = 'abstained')                        AS n_abstained
+FROM sys1.runs FINAL
+ARRAY JOIN answers
+WHERE batch_id = {batch_id:String}
+GROUP BY question, answer
+ORDER BY question, n_answers DESC;
+
+-- 17. A batch's failures, item by item, with every attempt's outcome. Parameter: batch_id.
+SELECT
+    item_id,
+    run_id,
+    error_code,
+    error_message,
+    deliveries,
+    arrayZip(attempts.provider, attempts.model, attempts.outcome)  AS attempts_provider_model_outcome,
+    finished_at
+FROM sys1.runs FINAL
+WHERE batch_id = {batch_id:String}
+  AND status = 'failed'
+ORDER BY length(item_id), item_id
+LIMIT 1000;
+
+-- 18. Every batch's progress, newest first: runs finished so far, outcomes, failures by code,
+--     spend (NULL when nothing was priced) and how long it has run.
+SELECT
+    caller,
+    batch_id,
+    runs,
+    succeeded,
+    failed,
+    failed_by_code,
+    runs_with_abstentions,
+    spend_usd,
+    unpriced_runs,
+    dateDiff('second', first_published, last_finished) AS seconds_so_far
+FROM sys1.batch_progress
+ORDER BY last_finished DESC
+LIMIT 50;
+
+-- 19. Spend per caller per day over the last 30 days, and per model: spend_usd sums the priced
+--     runs and is NULL when none was priced; unpriced_runs says how many are not in it.
+SELECT day, caller, runs, priced_runs, unpriced_runs, cache_hits, round(spend_usd, 6) AS spend_usd
+FROM sys1.spend_by_caller_day
+WHERE day >= today() - 30
+ORDER BY day DESC, spend_usd DESC NULLS LAST;
+
+-- 20. Spend per model over the last 30 days, with the cost of a thousand runs.
+SELECT
+    provider,
+    model,
+    sum(runs)                                             AS total_runs,
+    sum(unpriced_runs)                                    AS unpriced,
+    round(sum(spend_usd), 6)                              AS total_spend_usd,
+    round(sum(spend_usd) / sum(priced_runs) * 1000, 4)    AS usd_per_1000_priced_runs
+FROM sys1.spend_by_model_day
+WHERE day >= today() - 30
+GROUP BY provider, model
+ORDER BY total_spend_usd DESC NULLS LAST;

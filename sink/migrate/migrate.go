@@ -11,6 +11,12 @@
 // Retention is configuration, not history: after the versioned migrations, Migrate brings the
 // TTL of every table in line with the configured retention (ALTER ... MODIFY TTL when it
 // differs), so changing SYS1_RETENTION_DAYS takes effect on the next migrate.
+//
+// On a cluster (Options.Cluster, SYS1_CLICKHOUSE_CLUSTER) the same migrations render
+// differently: every statement runs ON CLUSTER, each table is stored as <table>_local with a
+// Replicated*MergeTree engine, and <table> is a Distributed table over it, sharded by run id,
+// that inserts and reads go through. So the sink, the views and analysts' queries name the
+// same tables either way. Render shows the DDL without running it.
 package migrate
 
 import (
@@ -24,6 +30,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"text/template"
 	"time"
 
@@ -45,8 +52,13 @@ type Migration struct {
 type Options struct {
 	// Database is the ClickHouse database; it must be a plain identifier.
 	Database string
-	// RetentionDays is the TTL of run records, dead letters and aggregates.
+	// RetentionDays is the TTL of run records, labels, dead letters and aggregates.
 	RetentionDays int
+	// Cluster is the name of a ClickHouse cluster (a remote_servers entry) to create the
+	// schema on; empty for a single server (or ClickHouse Cloud, which replicates by itself).
+	// The cluster needs ClickHouse Keeper (or ZooKeeper) and the macros {shard} and {replica}
+	// on every node.
+	Cluster string
 }
 
 // Applied is one row of schema_migrations.
@@ -58,8 +70,9 @@ type Applied struct {
 }
 
 var (
-	fileName   = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
-	identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+	fileName    = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
+	identifier  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+	clusterName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_-]{0,62}$`)
 )
 
 // Migrations returns the embedded migrations in version order.
@@ -108,23 +121,170 @@ func (o Options) Validate() error {
 	if o.RetentionDays < 1 {
 		return fmt.Errorf("retention must be at least 1 day, got %d", o.RetentionDays)
 	}
+	if o.Cluster != "" && !clusterName.MatchString(o.Cluster) {
+		return fmt.Errorf("cluster %q is not a ClickHouse cluster name (letters, digits, _ and -, starting with a letter or _, at most 63)", o.Cluster)
+	}
 	return nil
 }
 
-// Statements renders migration m for opts and splits it into statements.
-func (m Migration) Statements(opts Options) ([]string, error) {
-	tmpl, err := template.New(m.Name).Option("missingkey=error").Parse(m.text)
+// ValidCluster reports whether name can be a cluster name (empty means no cluster).
+func ValidCluster(name string) bool { return name == "" || clusterName.MatchString(name) }
+
+// replicaPath is where a replicated table keeps its state in Keeper: per shard, database
+// and table ({database} and {table} are expanded by ClickHouse itself).
+const replicaPath = "'/clickhouse/tables/{shard}/{database}/{table}', '{replica}'"
+
+// schema renders the parts of a statement that differ between one server and a cluster.
+type schema struct {
+	opts Options
+	db   string // the quoted database
+}
+
+func (s schema) onCluster() string {
+	if s.opts.Cluster == "" {
+		return ""
+	}
+	return " ON CLUSTER `" + s.opts.Cluster + "`"
+}
+
+// local names the table that stores rows: <table> on one server, <table>_local on a cluster.
+func (s schema) local(table string) string {
+	if s.opts.Cluster == "" {
+		return s.db + "." + table
+	}
+	return s.db + "." + table + "_local"
+}
+
+// engine turns a MergeTree engine into its replicated form on a cluster:
+// ReplacingMergeTree(v) → ReplicatedReplacingMergeTree('<path>', '{replica}', v).
+func (s schema) engine(e string) string {
+	if s.opts.Cluster == "" {
+		return e
+	}
+	name, args, _ := strings.Cut(e, "(")
+	args = strings.TrimSuffix(args, ")")
+	if args != "" {
+		args = ", " + args
+	}
+	return "Replicated" + name + "(" + replicaPath + args + ")"
+}
+
+// settings writes a table's SETTINGS clause. On one server it adds the deduplication window
+// that makes a retried insert with the same insert_deduplication_token a no-op (replicated
+// tables deduplicate through Keeper by themselves).
+func (s schema) settings(extra ...string) string {
+	var all []string
+	if s.opts.Cluster == "" {
+		all = append(all, "non_replicated_deduplication_window = 1000")
+	}
+	all = append(all, extra...)
+	if len(all) == 0 {
+		return ""
+	}
+	return "SETTINGS " + strings.Join(all, ", ")
+}
+
+// distributed is, on a cluster, the statement (re)creating <table> as a Distributed table over
+// <table>_local with its structure; on one server nothing. shardingKey may be empty for a
+// table nobody inserts into through it.
+func (s schema) distributed(table, shardingKey string) string {
+	if s.opts.Cluster == "" {
+		return ""
+	}
+	key := ""
+	if shardingKey != "" {
+		key = ", " + shardingKey
+	}
+	return fmt.Sprintf("CREATE OR REPLACE TABLE %s.%s%s AS %s\nENGINE = Distributed('%s', '%s', '%s_local'%s)",
+		s.db, table, s.onCluster(), s.local(table), s.opts.Cluster, s.opts.Database, table, key)
+}
+
+// render executes a migration template for opts.
+func render(name, text string, opts Options) (string, error) {
+	sc := schema{opts: opts, db: "`" + opts.Database + "`"}
+	tmpl, err := template.New(name).Option("missingkey=error").Funcs(template.FuncMap{
+		"local": sc.local, "engine": sc.engine, "settings": sc.settings, "distributed": sc.distributed,
+	}).Parse(text)
 	if err != nil {
-		return nil, fmt.Errorf("migration %04d_%s: parse template: %w", m.Version, m.Name, err)
+		return "", fmt.Errorf("parse template: %w", err)
 	}
 	var buf bytes.Buffer
 	if err := tmpl.Execute(&buf, struct {
 		DB            string
 		RetentionDays int
-	}{"`" + opts.Database + "`", opts.RetentionDays}); err != nil {
-		return nil, fmt.Errorf("migration %04d_%s: render: %w", m.Version, m.Name, err)
+		OnCluster     string
+		Cluster       string
+	}{sc.db, opts.RetentionDays, sc.onCluster(), opts.Cluster}); err != nil {
+		return "", fmt.Errorf("render: %w", err)
 	}
-	return Statements(buf.String()), nil
+	return buf.String(), nil
+}
+
+// bootstrap creates the database and the table that records applied migrations. On a
+// cluster that table is replicated across every node (its Keeper path has no {shard}), so
+// each node sees which versions ran.
+func bootstrap(opts Options) []string {
+	sc := schema{opts: opts, db: "`" + opts.Database + "`"}
+	engine := "ReplacingMergeTree(applied_at)"
+	if opts.Cluster != "" {
+		engine = "ReplicatedReplacingMergeTree('/clickhouse/tables/all/{database}/{table}', '{replica}', applied_at)"
+	}
+	return []string{
+		"CREATE DATABASE IF NOT EXISTS " + sc.db + sc.onCluster(),
+		"CREATE TABLE IF NOT EXISTS " + sc.db + ".schema_migrations" + sc.onCluster() + ` (
+		version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC')
+	) ENGINE = ` + engine + ` ORDER BY version`,
+	}
+}
+
+// Render returns the whole schema's DDL for opts, statement by statement, without running it:
+// what Migrate runs on an empty database (the TTL is already the configured one). `sys1
+// migrate -print` shows it; operators can review or apply it by hand.
+func Render(opts Options) (string, error) {
+	if err := opts.Validate(); err != nil {
+		return "", err
+	}
+	ms, err := Migrations()
+	if err != nil {
+		return "", err
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "-- sys1 ClickHouse schema version %d, database %s", ms[len(ms)-1].Version, opts.Database)
+	if opts.Cluster != "" {
+		fmt.Fprintf(&sb, ", cluster %s", opts.Cluster)
+	}
+	fmt.Fprintf(&sb, ", retention %d days.\n", opts.RetentionDays)
+	write := func(stmts []string) {
+		for _, st := range stmts {
+			sb.WriteString("\n")
+			sb.WriteString(st)
+			// A statement may end in a comment line; its ';' must not be part of it.
+			if last := st[strings.LastIndexByte(st, '\n')+1:]; strings.Contains(last, "--") {
+				sb.WriteString("\n")
+			}
+			sb.WriteString(";\n")
+		}
+	}
+	sb.WriteString("\n-- bootstrap\n")
+	write(bootstrap(opts))
+	for _, m := range ms {
+		stmts, err := m.Statements(opts)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&sb, "\n-- %04d_%s\n", m.Version, m.Name)
+		write(stmts)
+	}
+	return sb.String(), nil
+}
+
+// Statements renders migration m for opts and splits it into statements.
+func (m Migration) Statements(opts Options) ([]string, error) {
+	text, err := render(m.Name, m.text, opts)
+	if err != nil {
+		return nil, fmt.Errorf("migration %04d_%s: %w", m.Version, m.Name, err)
+	}
+	return Statements(text), nil
 }
 
 // Result says what a Migrate call did.
@@ -147,12 +307,11 @@ func Migrate(ctx context.Context, conn driver.Conn, opts Options) (Result, error
 		return res, err
 	}
 	db := "`" + opts.Database + "`"
-	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+	boot := bootstrap(opts)
+	if err := conn.Exec(ctx, boot[0]); err != nil {
 		return res, fmt.Errorf("create database %s: %w", opts.Database, err)
 	}
-	if err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+db+`.schema_migrations (
-		version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC')
-	) ENGINE = ReplacingMergeTree(applied_at) ORDER BY version`); err != nil {
+	if err := conn.Exec(ctx, boot[1]); err != nil {
 		return res, fmt.Errorf("create %s.schema_migrations: %w", opts.Database, err)
 	}
 	applied, err := AppliedMigrations(ctx, conn, opts.Database)
@@ -226,23 +385,30 @@ var ttlTables = []struct{ table, expr string }{
 	{"runs", "toDateTime(finished_at)"},
 	{"runs_dead_letter", "toDateTime(received_at)"},
 	{"runs_per_minute", "minute"},
+	{"labels", "toDateTime(accepted_at)"},
 }
 
 var ttlDays = regexp.MustCompile(`TTL .*toIntervalDay\((\d+)\)`)
 
 // reconcileTTL sets each table's TTL to RetentionDays where it differs. ClickHouse stores
-// "INTERVAL n DAY" as toIntervalDay(n), which is what is compared.
+// "INTERVAL n DAY" as toIntervalDay(n), which is what is compared. On a cluster the storage
+// tables (<table>_local) carry the TTL, and the definition read is this node's.
 func reconcileTTL(ctx context.Context, conn driver.Conn, opts Options) ([]string, error) {
 	var changed []string
+	sc := schema{opts: opts, db: "`" + opts.Database + "`"}
 	for _, t := range ttlTables {
+		name := t.table
+		if opts.Cluster != "" {
+			name += "_local"
+		}
 		var create string
-		if err := conn.QueryRow(ctx, "SELECT create_table_query FROM system.tables WHERE database = ? AND name = ?", opts.Database, t.table).Scan(&create); err != nil {
-			return changed, fmt.Errorf("read the definition of %s.%s: %w", opts.Database, t.table, err)
+		if err := conn.QueryRow(ctx, "SELECT create_table_query FROM system.tables WHERE database = ? AND name = ?", opts.Database, name).Scan(&create); err != nil {
+			return changed, fmt.Errorf("read the definition of %s.%s: %w", opts.Database, name, err)
 		}
 		if m := ttlDays.FindStringSubmatch(create); m != nil && m[1] == strconv.Itoa(opts.RetentionDays) {
 			continue
 		}
-		q := fmt.Sprintf("ALTER TABLE `%s`.%s MODIFY TTL %s + INTERVAL %d DAY", opts.Database, t.table, t.expr, opts.RetentionDays)
+		q := fmt.Sprintf("ALTER TABLE %s%s MODIFY TTL %s + INTERVAL %d DAY", sc.local(t.table), sc.onCluster(), t.expr, opts.RetentionDays)
 		if err := conn.Exec(ctx, q); err != nil {
 			return changed, fmt.Errorf("set the TTL of %s.%s to %d days: %w", opts.Database, t.table, opts.RetentionDays, err)
 		}

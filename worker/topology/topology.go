@@ -331,6 +331,23 @@ func (c Config) SinkConsumerConfig(ackWait time.Duration, maxAckPending int) jet
 	}
 }
 
+// SinkLabelsConsumerConfig is the durable pull consumer the sink drains checked labels with:
+// accepted ones into ClickHouse sys1.labels, rejected ones into the dead-letter table. The
+// labels as submitted (sys1.labels.<caller>) are the workers' (LabelsConsumer).
+func (c Config) SinkLabelsConsumerConfig(ackWait time.Duration, maxAckPending int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        c.SinkLabelsConsumer,
+		Description:    "sys1 sink of checked labels into ClickHouse",
+		FilterSubjects: []string{LabelsAccepted, LabelsRejected},
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        ackWait,
+		MaxDeliver:     -1,
+		MaxAckPending:  maxAckPending,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		Replicas:       c.Replicas,
+	}
+}
+
 // RunsBucketConfig is the run-id gate: which caller owns each run id, its attempts so far and,
 // once finished, its stored outcome.
 func (c Config) RunsBucketConfig() jetstream.KeyValueConfig {
@@ -432,6 +449,11 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config, opts ...Optio
 // EnsureRunsStream creates or updates only SYS1_RUNS (what the sink needs).
 func EnsureRunsStream(ctx context.Context, js jetstream.JetStream, c Config, opts ...Option) error {
 	return ensureStream(ctx, js, c.RunsStreamConfig(), newOptions(opts))
+}
+
+// EnsureLabelsStream creates or updates only SYS1_LABELS (what the sink's label lane needs).
+func EnsureLabelsStream(ctx context.Context, js jetstream.JetStream, c Config, opts ...Option) error {
+	return ensureStream(ctx, js, c.LabelsStreamConfig(), newOptions(opts))
 }
 
 // ensureStream creates the stream, or brings the settings sys1 owns (those its StreamConfig
@@ -602,6 +624,16 @@ func EnsureDeadLetterConsumer(ctx context.Context, js jetstream.JetStream, c Con
 // EnsureBatchConsumer creates or updates the shared batch consumer.
 func EnsureBatchConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
 	return ensureRequestConsumer(ctx, js, c.RequestsStream, c.BatchConsumerConfig())
+}
+
+// EnsureSinkLabelsConsumer creates or updates the sink's consumer of checked labels on
+// SYS1_LABELS.
+func EnsureSinkLabelsConsumer(ctx context.Context, js jetstream.JetStream, c Config, ackWait time.Duration, maxAckPending int) (jetstream.Consumer, error) {
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.LabelsStream, c.SinkLabelsConsumerConfig(ackWait, maxAckPending))
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.SinkLabelsConsumer, c.LabelsStream, err)
+	}
+	return cons, nil
 }
 
 // EnsureSinkConsumer creates or updates the sink's consumer on SYS1_RUNS.

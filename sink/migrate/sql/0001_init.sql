@@ -4,11 +4,15 @@
 -- failed half-way and is run again, converge on the same schema. {{.DB}} is the database
 -- (SYS1_CLICKHOUSE_DATABASE) and {{.RetentionDays}} the TTL (SYS1_RETENTION_DAYS); Migrate keeps
 -- the TTL in step with the configuration on every run, not only when this file first runs.
+-- On a cluster (SYS1_CLICKHOUSE_CLUSTER) .OnCluster runs a statement on every node, "local"
+-- names the replicated table that stores rows (<table>_local), "engine" makes the engine
+-- Replicated*, and "distributed" creates <table> as the Distributed table over it; on one
+-- server the first three change nothing and the last is empty (see package migrate).
 
 -- One row per run id under FINAL (SPEC §6). ReplacingMergeTree(finished_at) keeps the newest
 -- version of a run written twice (a redelivered record after a sink crash); rows of one run
 -- always share a partition because the partition is derived from the same finished_at.
-CREATE TABLE IF NOT EXISTS {{.DB}}.runs
+CREATE TABLE IF NOT EXISTS {{local "runs"}}{{.OnCluster}}
 (
     -- identity
     run_id          String,
@@ -75,17 +79,21 @@ CREATE TABLE IF NOT EXISTS {{.DB}}.runs
     runs_seq        UInt64,
     inserted_at     DateTime64(3, 'UTC') DEFAULT now64(3)
 )
-ENGINE = ReplacingMergeTree(finished_at)
+ENGINE = {{engine "ReplacingMergeTree(finished_at)"}}
 PARTITION BY toYYYYMM(finished_at)
 ORDER BY run_id
 TTL toDateTime(finished_at) + INTERVAL {{.RetentionDays}} DAY
 -- The dedup window makes an insert retried with the same insert_deduplication_token a no-op
--- on a non-replicated table (the sink derives the token from the batch's stream sequences).
-SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;
+-- on a non-replicated table (the sink derives the token from the batch's stream sequences);
+-- replicated tables deduplicate through Keeper.
+{{settings "ttl_only_drop_parts = 1"}};
+
+-- A cluster's runs shard by run id, so every copy of a run meets its others under FINAL.
+{{distributed "runs" "cityHash64(run_id)"}};
 
 -- Records the sink can never insert (undecodable, invalid). Kept for an operator; one row per
 -- SYS1_RUNS message under FINAL.
-CREATE TABLE IF NOT EXISTS {{.DB}}.runs_dead_letter
+CREATE TABLE IF NOT EXISTS {{local "runs_dead_letter"}}{{.OnCluster}}
 (
     received_at    DateTime64(3, 'UTC'),
     runs_stream    LowCardinality(String),
@@ -100,16 +108,18 @@ CREATE TABLE IF NOT EXISTS {{.DB}}.runs_dead_letter
     payload_sha256 String,
     payload_bytes  UInt64
 )
-ENGINE = ReplacingMergeTree(received_at)
+ENGINE = {{engine "ReplacingMergeTree(received_at)"}}
 PARTITION BY toYYYYMM(received_at)
 ORDER BY (runs_stream, runs_seq)
 TTL toDateTime(received_at) + INTERVAL {{.RetentionDays}} DAY
-SETTINGS non_replicated_deduplication_window = 1000;
+{{settings}};
+
+{{distributed "runs_dead_letter" "cityHash64(runs_stream, runs_seq)"}};
 
 -- Per-minute aggregates for dashboards. Counts here are per inserted row: a record the sink had
 -- to write twice (rare: a crash between insert and ack with a different batch) counts twice,
 -- so exact figures come from runs FINAL; runs_distinct is robust to that.
-CREATE TABLE IF NOT EXISTS {{.DB}}.runs_per_minute
+CREATE TABLE IF NOT EXISTS {{local "runs_per_minute"}}{{.OnCluster}}
 (
     minute        DateTime('UTC'),
     model         LowCardinality(String),
@@ -126,15 +136,18 @@ CREATE TABLE IF NOT EXISTS {{.DB}}.runs_per_minute
     queued_ms_q   AggregateFunction(quantiles(0.5, 0.9, 0.95, 0.99), Int64),
     runs_distinct AggregateFunction(uniq, String)
 )
-ENGINE = AggregatingMergeTree
+ENGINE = {{engine "AggregatingMergeTree"}}
 PARTITION BY toYYYYMM(minute)
 ORDER BY (minute, model, caller, status)
 TTL minute + INTERVAL {{.RetentionDays}} DAY
 -- A retried insert into runs is deduplicated here too (the sink sets
 -- deduplicate_blocks_in_dependent_materialized_views), so a retry is not counted twice.
-SETTINGS non_replicated_deduplication_window = 1000;
+{{settings}};
 
-CREATE MATERIALIZED VIEW IF NOT EXISTS {{.DB}}.runs_per_minute_mv TO {{.DB}}.runs_per_minute AS
+-- Filled only by the view below (on a cluster each shard aggregates its own runs): read-only.
+{{distributed "runs_per_minute" ""}};
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS {{.DB}}.runs_per_minute_mv{{.OnCluster}} TO {{local "runs_per_minute"}} AS
 SELECT
     toStartOfMinute(finished_at)               AS minute,
     model,
@@ -150,5 +163,5 @@ SELECT
     quantilesState(0.5, 0.9, 0.95, 0.99)(latency_ms) AS latency_ms_q,
     quantilesState(0.5, 0.9, 0.95, 0.99)(queued_ms)  AS queued_ms_q,
     uniqState(run_id)                          AS runs_distinct
-FROM {{.DB}}.runs
+FROM {{local "runs"}}
 GROUP BY minute, model, caller, status;
