@@ -178,9 +178,9 @@ func TestReviewInBrowser(t *testing.T) {
 	}
 	natstest.WaitFor(t, 10*time.Second, "the label on SYS1_LABELS", func() bool { return len(h.labels()) == 1 })
 	m := h.labels()[0]
-	l, err := contract.DecodeLabel(m.Data)
-	if err != nil {
-		t.Fatal(err)
+	l, derr := contract.DecodeLabel(m.Data)
+	if derr != nil {
+		t.Fatal(derr)
 	}
 	if m.Subject != "sys1.labels.billing.accepted" || string(l.Value) != `"bug"` || l.Reviewer != "alice" || l.RunID != ticket.RunID ||
 		l.Source != "review" || l.Item != ticket.ID {

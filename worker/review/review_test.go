@@ -310,9 +310,9 @@ func TestReviewLabelIsPublished(t *testing.T) {
 		if got := m.Header.Get(jetstream.MsgIDHeader); got != "review:"+x.it.ID {
 			t.Errorf("Nats-Msg-Id %q", got)
 		}
-		l, err := contract.DecodeLabel(m.Data)
-		if err != nil {
-			t.Fatalf("label message: %v\n%s", err, m.Data)
+		l, derr := contract.DecodeLabel(m.Data)
+		if derr != nil {
+			t.Fatalf("label message: %v\n%s", derr, m.Data)
 		}
 		if string(l.Value) != x.label || l.RunID != x.it.RunID || l.Question != x.it.Question || l.Reviewer != "alice" ||
 			l.Source != contract.LabelSourceReview || l.Caller != x.it.Caller || l.Item != x.it.ID || time.Since(l.LabelledAt) > time.Minute {
@@ -632,9 +632,9 @@ func TestReviewRestartRecovery(t *testing.T) {
 	}
 	got := map[string]contract.Label{}
 	for _, m := range msgs {
-		l, err := contract.DecodeLabel(m.Data)
-		if err != nil {
-			t.Fatal(err)
+		l, derr := contract.DecodeLabel(m.Data)
+		if derr != nil {
+			t.Fatal(derr)
 		}
 		got[l.RunID] = *l
 	}
