@@ -425,4 +425,3 @@ func labelValue(p *parser) error {
 	}
 	return fmt.Errorf("label: must be an option key (string), true/false, a level index or null, got %s", kindName(p.kind()))
 }
-
