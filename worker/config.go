@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"github.com/sys1hq/sys1/contract"
 	"os"
 	"time"
 )
@@ -32,6 +33,13 @@ type Config struct {
 	// StatusInterval is how often the replica reads the shared consumers' state (pending,
 	// pause) for health and metrics.
 	StatusInterval time.Duration `env:"SYS1_STATUS_INTERVAL" envDefault:"1s"`
+	// RecordState is what records keep of the caller's state and instructions: full, hash or
+	// none (contract.RecordState); applied where the record is made, so SYS1_RUNS and
+	// ClickHouse hold the same form (the gate never holds them).
+	RecordState contract.RecordState `env:"SYS1_RECORD_STATE" envDefault:"full"`
+	// ReviewState is what review items keep of the run's state: full (shown to reviewers)
+	// or none.
+	ReviewState string `env:"SYS1_REVIEW_STATE" envDefault:"full"`
 	// ID names this replica in run records; default host-pid.
 	ID string `env:"SYS1_WORKER_ID"`
 	// AllowAnyInbox lets verified callers be answered on any _INBOX.… subject instead of only
@@ -56,6 +64,12 @@ func (c *Config) Validate() []error {
 	}
 	if c.RetryBase <= 0 {
 		errs = append(errs, fmt.Errorf("SYS1_RETRY_BASE: must be positive, got %s", c.RetryBase))
+	}
+	if c.RecordState != "" && !c.RecordState.Valid() {
+		errs = append(errs, fmt.Errorf("SYS1_RECORD_STATE: %q is not one of full, hash, none", c.RecordState))
+	}
+	if c.ReviewState != "" && c.ReviewState != ReviewStateFull && c.ReviewState != ReviewStateNone {
+		errs = append(errs, fmt.Errorf("SYS1_REVIEW_STATE: %q is not one of full, none", c.ReviewState))
 	}
 	if c.StatusInterval < 0 {
 		errs = append(errs, fmt.Errorf("SYS1_STATUS_INTERVAL: must not be negative, got %s", c.StatusInterval))
@@ -88,6 +102,12 @@ func (c *Config) ReplicaID() string {
 func (c *Config) withDefaults() Config {
 	out := *c
 	out.ID = c.ReplicaID()
+	if out.RecordState == "" {
+		out.RecordState = contract.RecordFull
+	}
+	if out.ReviewState == "" {
+		out.ReviewState = ReviewStateFull
+	}
 	if out.StatusInterval <= 0 {
 		out.StatusInterval = time.Second
 	}
@@ -99,6 +119,12 @@ func (c *Config) withDefaults() Config {
 	}
 	return out
 }
+
+// SYS1_REVIEW_STATE values.
+const (
+	ReviewStateFull = "full"
+	ReviewStateNone = "none"
+)
 
 // retry is the redelivery policy of transient failures.
 func (c *Config) retry() RetryPolicy { return RetryPolicy{Base: c.RetryBase, Max: c.RetryMax} }

@@ -40,6 +40,9 @@ type runState struct {
 	Reply    json.RawMessage `json:"reply,omitempty"`
 	Subject  string          `json:"record_subject,omitempty"`
 	Finished *finishedState  `json:"finished,omitempty"`
+	// Held lists the questions a person must label before the reply is sent (review: hold);
+	// until then replays answer nothing.
+	Held []string `json:"held,omitempty"`
 	// Record is the whole record as entries written before Finished held it; read, never written.
 	Record json.RawMessage `json:"record,omitempty"`
 
@@ -219,6 +222,14 @@ func (st *runState) encode() ([]byte, error) {
 	if st.Subject != "" {
 		b = append(b, `,"record_subject":`...)
 		b = contract.AppendJSONString(b, st.Subject)
+	}
+	if len(st.Held) > 0 {
+		h, err := json.Marshal(st.Held)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, `,"held":`...)
+		b = append(b, h...)
 	}
 	if st.Finished != nil {
 		f, err := json.Marshal(st.Finished)

@@ -24,6 +24,7 @@ import (
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
+	"github.com/sys1hq/sys1/worker/policy"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -128,13 +129,14 @@ func (r *replica) stop(t *testing.T) error {
 }
 
 type replicaOpts struct {
-	cfg      worker.Config
-	policy   contract.Policy
-	provider provider.Provider
-	auth     auth.Authenticator
-	topo     *topology.Config
-	links    []chain.Link
-	chainCfg chain.Config
+	cfg        worker.Config
+	policy     contract.Policy
+	provider   provider.Provider
+	auth       auth.Authenticator
+	topo       *topology.Config
+	links      []chain.Link
+	chainCfg   chain.Config
+	abstention *policy.Handle
 }
 
 func defaultWorkerConfig() worker.Config {
@@ -191,7 +193,7 @@ func (h *harness) start(mods ...func(*replicaOpts)) *replica {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := worker.New(ctx, o.cfg, worker.Options{
-		NC: nc, JS: js, Topology: topo, Provider: o.provider, Links: o.links, ChainConfig: o.chainCfg, Policy: o.policy, Auth: o.auth,
+		NC: nc, JS: js, Topology: topo, Provider: o.provider, Links: o.links, ChainConfig: o.chainCfg, Policy: o.policy, Abstention: o.abstention, Auth: o.auth,
 		Logger: h.logger(), Version: "test", FetchWait: 200 * time.Millisecond,
 	})
 	if err != nil {
@@ -257,17 +259,27 @@ func (h *harness) records() []contract.RunRecord {
 // rawRecords returns every record's bytes.
 func (h *harness) rawRecords() [][]byte {
 	h.t.Helper()
+	var out [][]byte
+	for _, m := range h.streamMsgs(h.topo.RunsStream) {
+		out = append(out, m.Data)
+	}
+	return out
+}
+
+// streamMsgs reads every message stored in a stream, oldest first.
+func (h *harness) streamMsgs(stream string) []*jetstream.RawStreamMsg {
+	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := h.js.Stream(ctx, h.topo.RunsStream)
+	s, err := h.js.Stream(ctx, stream)
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	info, _ := s.Info(ctx)
-	var out [][]byte
+	var out []*jetstream.RawStreamMsg
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		if m, err := s.GetMsg(ctx, seq); err == nil {
-			out = append(out, m.Data)
+			out = append(out, m)
 		}
 	}
 	return out

@@ -16,6 +16,10 @@ const (
 	HeaderStatus    = "Sys1-Status"
 	HeaderErrorCode = "Sys1-Error-Code"
 	HeaderMsgID     = "Nats-Msg-Id"
+	// HeaderMinConfidence tightens the abstention policy's confidence threshold for one
+	// request; HeaderReview is "pending" on a reply when a question went to human review.
+	HeaderMinConfidence = "Sys1-Min-Confidence"
+	HeaderReview        = "Sys1-Review"
 )
 
 // ValidRunID reports whether id is 1–128 of A-Za-z0-9._:- (SPEC §3).

@@ -35,6 +35,7 @@ func (r *run) replyFor(resp *contract.Response, cerr *contract.Error, finished t
 		}
 		reply.Status = contract.StatusSuccess
 		reply.Result = &contract.Result{Provider: r.provider(), Model: model, Answers: resp.Answers, Usage: resp.Usage}
+		reply.Verdicts, reply.Review = r.verdicts, r.review
 		return reply
 	}
 	if cerr == nil {
@@ -95,6 +96,8 @@ func (r *run) recordFor(reply *contract.Reply, finished time.Time, p provenance)
 		Version:        p.version,
 		Status:         reply.Status,
 		Result:         reply.Result,
+		Verdicts:       reply.Verdicts,
+		Review:         reply.Review,
 	}
 	if rec.CallerKind == "" {
 		// Refused before any caller was verified: SPEC §6 knows only subject, jwt and
@@ -127,7 +130,9 @@ func (r *run) recordFor(reply *contract.Reply, finished time.Time, p provenance)
 	if reply.Error != nil {
 		rec.ErrorCode, rec.ErrorStatus, rec.ErrorMessage = reply.Error.Code, reply.Error.Status, reply.Error.Message
 	}
-	return rec
+	// SYS1_RECORD_STATE applies where the record is made: SYS1_RUNS holds the form ClickHouse
+	// will (the sink applies it again, which changes nothing).
+	return *rec.RedactContent(r.w.cfg.RecordState)
 }
 
 // provider is the provider the record names: the one that answered, else the last one

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/policy"
 )
 
 // A run is one delivery of one request message. It goes through the stages below in order;
@@ -27,6 +28,7 @@ var stages = []struct {
 	{"gate", (*run).gate},       // claim the run id (or find the run already finished)
 	{"prepare", (*run).prepare}, // deadline, decode, resolve, size
 	{"call", (*run).call},       // the provider
+	{"policy", (*run).policy},   // verdicts beside the answers; what goes to human review
 }
 
 // run is one delivery's state, filled in stage by stage.
@@ -63,6 +65,13 @@ type run struct {
 	// answeredBy and answeredModel name who answered with what (the chain's link and the
 	// model sent to it).
 	answeredBy, answeredModel string
+
+	// policy
+	minConfidence float64            // Sys1-Min-Confidence, checked in prepare (0: none)
+	verdicts      []contract.Verdict // nil without a policy
+	reviews       []policy.Review    // questions to send to human review
+	review        *contract.ReviewRef
+	hold          bool // no reply until a person has labelled the held questions
 }
 
 // handle processes one delivery. It never panics: a panic becomes SYS1_INTERNAL.

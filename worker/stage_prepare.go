@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/policy"
 )
 
 // prepare reads the deadline, decodes and validates the request and resolves it against the
@@ -31,6 +32,13 @@ func (r *run) prepare(context.Context) error {
 		return cerr
 	}
 	r.resolved = resolved
+	if w.opt.Abstention != nil {
+		// A producer may tighten its thresholds for this request; a bad value is refused
+		// before the model is called. Without a policy the header means nothing.
+		if r.minConfidence, cerr = policy.ParseMinConfidence(hdr.Get(HeaderMinConfidence)); cerr != nil {
+			return cerr
+		}
+	}
 	if ok, size := storable(resolved, len(r.msg.Data()), w.storeLimit(), w.cfg.MaxDeliver); !ok {
 		// Refused without calling the model: its answer could never be stored. The record of
 		// the refusal leaves the request out for the same reason.

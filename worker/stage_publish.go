@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -91,10 +92,16 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 		return fmt.Errorf("outcome of %d + %d bytes: %w", len(record), len(reply), errTooLarge)
 	}
 	subject := topology.RunsPrefix + string(status)
+	if items := r.reviewItems(finished); len(items) > 0 {
+		if err := r.publishReviewItems(ctx, items); err != nil {
+			return err
+		}
+	}
 	if r.state != nil {
 		st := *r.state
 		st.Status, st.Attempts = runDone, r.attempts
 		st.ReplyTo, st.Reply, st.Subject, st.Record = r.replyTo, reply, subject, nil
+		st.Held = r.heldQuestions()
 		st.Finished = &finishedState{
 			At: finished, Deliveries: p.deliveries, CallerKind: p.identity.CallerKind,
 			Roles: p.identity.Roles, Scopes: p.identity.Scopes,
@@ -116,7 +123,22 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 	if err := r.sendRecord(ctx, subject, record, status); err != nil {
 		return err
 	}
+	if r.hold {
+		r.log.Info().Strs("held", r.heldQuestions()).Msg("reply held until a person labels the held questions")
+		return nil
+	}
 	return r.sendReply(ctx, reply, status)
+}
+
+// heldQuestions are the questions whose review holds the reply.
+func (r *run) heldQuestions() []string {
+	var held []string
+	for _, rv := range r.reviews {
+		if rv.Mode == contract.ReviewHold {
+			held = append(held, rv.Question)
+		}
+	}
+	return held
 }
 
 // replay answers a finished run again from its stored outcome. Only the run's own message,
@@ -140,6 +162,10 @@ func (r *run) replay(ctx context.Context, st *runState) error {
 		if err := r.sendRecord(ctx, st.Subject, record, status); err != nil {
 			return err
 		}
+	}
+	if len(st.Held) > 0 {
+		r.log.Info().Strs("held", st.Held).Msg("run already finished; its reply waits for review")
+		return nil
 	}
 	if err := r.sendReply(ctx, st.Reply, status); err != nil {
 		return err
@@ -201,6 +227,9 @@ func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Statu
 	m := &nats.Msg{Subject: r.replyTo, Data: reply, Header: nats.Header{}}
 	m.Header.Set(HeaderRunID, r.runID)
 	m.Header.Set(HeaderStatus, string(status))
+	if reviewPending(reply) {
+		m.Header.Set(HeaderReview, contract.ReviewPending)
+	}
 	if status == contract.StatusFailed {
 		var env struct {
 			Error struct {
@@ -227,6 +256,12 @@ func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Statu
 		return fmt.Errorf("publish reply: %w", err)
 	}
 	return nil
+}
+
+// reviewPending reports whether a reply says a question went to review (its "review"
+// status is pending), without decoding it: replays send stored bytes.
+func reviewPending(reply []byte) bool {
+	return bytes.Contains(reply, []byte(`"review":{"status":"pending"`))
 }
 
 // store runs op, a step that writes the run's outcome, until it succeeds, fails for good, or

@@ -26,6 +26,7 @@ import (
 	"github.com/sys1hq/sys1/provider"
 	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/policy"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -41,8 +42,11 @@ type Options struct {
 	Links       []chain.Link
 	ChainConfig chain.Config
 	Policy      contract.Policy
-	Auth        auth.Authenticator
-	Logger      zerolog.Logger
+	// Abstention is the abstention policy (SYS1_POLICY_FILE), reloaded as it changes; nil:
+	// no policy — replies carry no verdicts, exactly as before policies existed.
+	Abstention *policy.Handle
+	Auth       auth.Authenticator
+	Logger     zerolog.Logger
 	// Version goes into every run record.
 	Version string
 	// FetchWait bounds one pull request; it is also how long shutdown may wait for a pull in

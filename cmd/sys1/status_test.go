@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -122,5 +124,25 @@ func TestStatusWithNoReplica(t *testing.T) {
 	code, _, errOut := runCmd(t, "status", "--wait", "300ms")
 	if code != exitFailed || !strings.Contains(errOut, "no replica answered") {
 		t.Fatalf("exit %d: %s", code, errOut)
+	}
+}
+
+// TestWorkerRefusesABadPolicyFile: a bad SYS1_POLICY_FILE stops start-up with one error that
+// names the variable, the line and the field, alongside any other bad variable.
+func TestWorkerRefusesABadPolicyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte("rules:\n  - name: a\n    min_confidence: 2\n  - name: b\n    review: sometimes\n    min_confidence: 0.5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SYS1_POLICY_FILE", path)
+	t.Setenv("SYS1_CONCURRENCY", "0")
+	code, _, errOut := runCmd(t, "worker")
+	if code != exitUsage {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"SYS1_POLICY_FILE", "line 3", "min_confidence", "line 5", "review", "SYS1_CONCURRENCY"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("start-up error lacks %q:\n%s", want, errOut)
+		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/natsconn"
+	abstention "github.com/sys1hq/sys1/worker/policy"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -36,11 +37,34 @@ type workerSettings struct {
 	auth     auth.Config
 	http     HTTPConfig
 	sink     sink.Config
+	files    workerFiles
+}
+
+// workerFiles are the configuration files a worker re-reads while it runs.
+type workerFiles struct {
+	// Policy is the abstention policy (SYS1_POLICY_FILE); empty: no policy.
+	Policy string `env:"SYS1_POLICY_FILE"`
+	// policy is the loaded policy, set by Validate so a bad file is reported with every other
+	// bad variable, naming each bad line.
+	policy *abstention.Handle
+}
+
+// Validate loads the files, reporting each bad one under its variable.
+func (f *workerFiles) Validate() []error {
+	var errs []error
+	if f.Policy != "" {
+		h, err := abstention.Load(f.Policy)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("SYS1_POLICY_FILE: %w", err))
+		}
+		f.policy = h
+	}
+	return errs
 }
 
 func loadWorkerSettings() (*workerSettings, error) {
 	s := &workerSettings{nats: natsconn.DefaultConfig(), auth: auth.DefaultConfig(), sink: sink.DefaultConfig()}
-	targets := []any{&s.log, &s.nats, &s.topo, &s.worker, &s.contract, &s.provider, &s.auth, &s.http,
+	targets := []any{&s.log, &s.nats, &s.topo, &s.worker, &s.contract, &s.provider, &s.auth, &s.http, &s.files,
 		// Every allowed model must be served by some provider of the chain.
 		check(func() []error { return s.provider.CheckModels(s.contract.Model, s.contract.AllowedModels) })}
 	// The in-process sink is optional: its variables are only read (and checked) when a
@@ -112,6 +136,7 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 	}
 	w, err := worker.New(ctx, s.worker, worker.Options{
 		NC: conn.NC, JS: conn.JS, Topology: s.topo, Links: links, ChainConfig: chainCfg, Policy: policy, Auth: authn,
+		Abstention: s.files.policy,
 		Logger: log, Version: version,
 	})
 	if err != nil {
@@ -120,6 +145,16 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 	}
 
 	var bg sync.WaitGroup
+	if h := s.files.policy; h != nil {
+		log.Info().Str("policy_file", h.Path()).Int("rules", h.Current().Len()).Msg("abstention policy loaded")
+		bg.Go(func() {
+			h.Watch(ctx, abstention.PollInterval, func(p *abstention.Policy) {
+				log.Info().Str("policy_file", h.Path()).Int("rules", p.Len()).Msg("abstention policy reloaded")
+			}, func(err error) {
+				log.Error().Err(err).Str("policy_file", h.Path()).Msg("abstention policy edit refused; the last good policy stays in force")
+			})
+		})
+	}
 	// The in-process sink exists once ClickHouse answers; /metrics includes it from then on.
 	var inProcessSink atomic.Pointer[sink.Sink]
 	if s.http.Addr != "" {

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,6 +35,9 @@ const (
 	HeaderAuthorization = "Authorization"
 	HeaderStatus        = "Sys1-Status"
 	HeaderErrorCode     = "Sys1-Error-Code"
+	HeaderMinConfidence = "Sys1-Min-Confidence"
+	HeaderCache         = "Sys1-Cache"
+	HeaderReview        = "Sys1-Review"
 )
 
 // SubjectPrefix is where requests are published: SubjectPrefix + caller.
@@ -83,6 +87,14 @@ type Request struct {
 	// ReplyTo overrides the reply subject of Decide (e.g. a durable sys1.replies.<caller>.x);
 	// for Publish it asks for a reply there instead of fire-and-forget.
 	ReplyTo string
+	// MinConfidence, when positive, tightens the abstention policy's confidence threshold for
+	// this request (Sys1-Min-Confidence); it never loosens it.
+	MinConfidence float64
+	// Cache, when positive, allows an answer from the exact result cache up to that age
+	// (Sys1-Cache), never longer than the caller's rule allows.
+	Cache time.Duration
+	// Header holds further headers to send as they are (e.g. traceparent).
+	Header nats.Header
 }
 
 // Reply is a run's reply: the SPEC §4 envelope plus the raw bytes and headers.
@@ -103,7 +115,18 @@ func (r Request) message(runID, replyTo string) (*nats.Msg, error) {
 		}
 	}
 	m := &nats.Msg{Subject: SubjectPrefix + caller, Data: r.Body, Header: nats.Header{}}
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			m.Header.Add(k, v)
+		}
+	}
 	m.Header.Set(HeaderRunID, runID)
+	if r.MinConfidence > 0 {
+		m.Header.Set(HeaderMinConfidence, strconv.FormatFloat(r.MinConfidence, 'f', -1, 64))
+	}
+	if r.Cache > 0 {
+		m.Header.Set(HeaderCache, r.Cache.String())
+	}
 	if r.MsgID != "" {
 		m.Header.Set(nats.MsgIdHdr, r.MsgID)
 	} else {
