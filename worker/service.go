@@ -88,8 +88,20 @@ type Capabilities struct {
 	MaxDeliver     int               `json:"max_deliver"`
 	ConsumerMax    int               `json:"consumer_max_deliver"`
 	AuthMode       string            `json:"auth_mode"`
+	// Calibration lists the temperature fits this replica applies.
+	Calibration []FitSummary `json:"calibration"`
 	// Schemas are the JSON Schemas of the request, reply and run record (sys1 schema).
 	Schemas map[string]json.RawMessage `json:"schemas"`
+}
+
+// FitSummary is one loaded calibration fit.
+type FitSummary struct {
+	Model       string    `json:"model"`
+	Caller      string    `json:"caller"`
+	Question    string    `json:"question"`
+	Temperature float64   `json:"temperature"`
+	N           int       `json:"n"`
+	FittedAt    time.Time `json:"fitted_at"`
 }
 
 // Limits are the contract's bounds and the deployment's.
@@ -255,8 +267,14 @@ func (w *Worker) Capabilities() Capabilities {
 			MaxStoredBytes: w.storeLimit(),
 		},
 		Concurrency: w.cfg.Concurrency, MaxDeliver: w.cfg.MaxDeliver, ConsumerMax: w.opt.Topology.ConsumerMaxDeliver,
-		AuthMode: w.opt.Auth.Mode(),
-		Schemas:  map[string]json.RawMessage{},
+		AuthMode:    w.opt.Auth.Mode(),
+		Schemas:     map[string]json.RawMessage{},
+		Calibration: []FitSummary{},
+	}
+	if fits := w.fits.Load(); fits != nil {
+		for _, f := range fits.List() {
+			c.Calibration = append(c.Calibration, FitSummary{Model: f.Model, Caller: f.Caller, Question: f.Question, Temperature: f.Temperature, N: f.N, FittedAt: f.FittedAt})
+		}
 	}
 	for _, name := range []string{"request", "reply", "record"} {
 		if b, err := contract.Schema(name); err == nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/sys1hq/sys1/provider"
 	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/calibration"
 	"github.com/sys1hq/sys1/worker/policy"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -85,6 +86,8 @@ type Worker struct {
 	chain *chain.Chain
 	// fleet is the shared consumers' state, for health (service.go).
 	fleet fleet
+	// fits are the calibration fits (KV sys1-calibration), nil when the bucket is not usable.
+	fits atomic.Pointer[calibration.Store]
 }
 
 // New ensures the JetStream topology (streams, run-id bucket, the shared consumer) and returns
@@ -132,6 +135,9 @@ func (w *Worker) ensure(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if w.fits.Load() == nil {
+		w.loadFits(ctx)
+	}
 	dead, err := topology.EnsureDeadLetterConsumer(ctx, w.opt.JS, w.opt.Topology)
 	if err != nil {
 		return err
@@ -148,6 +154,24 @@ func (w *Worker) ensure(ctx context.Context) error {
 	}
 	w.cons = cons
 	return nil
+}
+
+// loadFits opens the calibration bucket and follows its fits. Calibration is an addition:
+// a bucket this replica cannot use (permissions) leaves runs uncalibrated, with a warning.
+func (w *Worker) loadFits(ctx context.Context) {
+	kv, err := w.opt.JS.CreateOrUpdateKeyValue(ctx, w.opt.Topology.CalibrationBucketConfig())
+	if err != nil {
+		w.log.Warn().Err(err).Str("bucket", w.opt.Topology.CalibrationBucket).Msg("cannot use the calibration bucket; runs are not calibrated")
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	store, err := calibration.NewStore(lctx, kv, w.log)
+	if err != nil {
+		w.log.Warn().Err(err).Msg("cannot load the calibration fits; runs are not calibrated")
+		return
+	}
+	w.fits.Store(store)
 }
 
 // recreateTopology runs ensure on behalf of the pull loop once the topology has been missing
@@ -318,6 +342,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer cancel()
 	if err := w.opt.NC.FlushWithContext(fctx); err != nil {
 		w.log.Warn().Err(err).Msg("could not flush acks on shutdown; those runs will be answered again from their stored outcome")
+	}
+	if fits := w.fits.Load(); fits != nil {
+		_ = fits.Stop()
 	}
 	w.log.Info().Msg("worker stopped")
 	return nil

@@ -41,7 +41,9 @@ type fitID struct{ model, caller, question string }
 // version, as for every file sys1 reloads) and the warning says so. ctx bounds the initial
 // load only; the watch lasts until Stop (or the connection closes, which is logged).
 func NewStore(ctx context.Context, kv jetstream.KeyValue, log zerolog.Logger) (*Store, error) {
-	w, err := kv.WatchAll(ctx)
+	// The watch outlives ctx (nats.go stops a watcher when its context ends): ctx bounds the
+	// initial load below, Stop ends the watch.
+	w, err := kv.WatchAll(context.WithoutCancel(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("watch calibration bucket %s: %w", kv.Bucket(), err)
 	}

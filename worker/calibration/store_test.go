@@ -192,3 +192,28 @@ func BenchmarkLookupApply(b *testing.B) {
 		}
 	}
 }
+
+// TestCalibrationStoreOutlivesItsLoadContext: ctx bounds the initial load only; fits put
+// after it ended still reach the store (a worker loads with a timeout and runs for days).
+func TestCalibrationStoreOutlivesItsLoadContext(t *testing.T) {
+	kv, ctx := bucket(t)
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	s, err := NewStore(lctx, kv, zerolog.Nop())
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	rev, err := Put(ctx, kv, fitFor("nimble", "billing", "label", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := s.WaitRevision(wctx, rev); err != nil {
+		t.Fatalf("a fit put after the load context ended never arrived: %v", err)
+	}
+	if f, ok := s.Lookup("nimble", "billing", "label"); !ok || f.Temperature != 2 {
+		t.Fatalf("lookup: %+v %v", f, ok)
+	}
+}
