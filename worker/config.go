@@ -40,6 +40,9 @@ type Config struct {
 	// ReviewState is what review items keep of the run's state: full (shown to reviewers)
 	// or none.
 	ReviewState string `env:"SYS1_REVIEW_STATE" envDefault:"full"`
+	// CacheMaxTTL bounds how long any answer stays in the exact result cache (and so the age
+	// any caller's rule or Sys1-Cache can allow).
+	CacheMaxTTL time.Duration `env:"SYS1_CACHE_MAX_TTL" envDefault:"168h"`
 	// ID names this replica in run records; default host-pid.
 	ID string `env:"SYS1_WORKER_ID"`
 	// AllowAnyInbox lets verified callers be answered on any _INBOX.… subject instead of only
@@ -70,6 +73,9 @@ func (c *Config) Validate() []error {
 	}
 	if c.ReviewState != "" && c.ReviewState != ReviewStateFull && c.ReviewState != ReviewStateNone {
 		errs = append(errs, fmt.Errorf("SYS1_REVIEW_STATE: %q is not one of full, none", c.ReviewState))
+	}
+	if c.CacheMaxTTL < 0 {
+		errs = append(errs, fmt.Errorf("SYS1_CACHE_MAX_TTL: must not be negative, got %s", c.CacheMaxTTL))
 	}
 	if c.StatusInterval < 0 {
 		errs = append(errs, fmt.Errorf("SYS1_STATUS_INTERVAL: must not be negative, got %s", c.StatusInterval))
@@ -107,6 +113,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.ReviewState == "" {
 		out.ReviewState = ReviewStateFull
+	}
+	if out.CacheMaxTTL == 0 {
+		out.CacheMaxTTL = 168 * time.Hour
 	}
 	if out.StatusInterval <= 0 {
 		out.StatusInterval = time.Second

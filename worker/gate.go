@@ -61,6 +61,8 @@ type finishedState struct {
 	Worker      string    `json:"worker"`
 	Version     string    `json:"version"`
 	OmitRequest bool      `json:"omit_request,omitempty"` // the record was too large with it
+	CostUSD     *float64  `json:"cost_usd,omitempty"`
+	CacheHit    bool      `json:"cache_hit,omitempty"`
 }
 
 type claimResult int

@@ -23,6 +23,8 @@ import (
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/limits"
+	"github.com/sys1hq/sys1/worker/livefile"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/policy"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -137,6 +139,8 @@ type replicaOpts struct {
 	links      []chain.Link
 	chainCfg   chain.Config
 	abstention *policy.Handle
+	limits     *livefile.File[*limits.Limits]
+	prices     *livefile.File[*limits.Prices]
 }
 
 func defaultWorkerConfig() worker.Config {
@@ -193,7 +197,7 @@ func (h *harness) start(mods ...func(*replicaOpts)) *replica {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := worker.New(ctx, o.cfg, worker.Options{
-		NC: nc, JS: js, Topology: topo, Provider: o.provider, Links: o.links, ChainConfig: o.chainCfg, Policy: o.policy, Abstention: o.abstention, Auth: o.auth,
+		NC: nc, JS: js, Topology: topo, Provider: o.provider, Links: o.links, ChainConfig: o.chainCfg, Policy: o.policy, Abstention: o.abstention, Limits: o.limits, Prices: o.prices, Auth: o.auth,
 		Logger: h.logger(), Version: "test", FetchWait: 200 * time.Millisecond,
 	})
 	if err != nil {

@@ -49,6 +49,8 @@ func (r *run) replyFor(resp *contract.Response, cerr *contract.Error, finished t
 // run's own when it finishes now, the stored one when its record is written again (replay).
 type provenance struct {
 	identity   contract.RunRecord // Caller, CallerKind, Roles, Scopes only
+	costUSD    *float64
+	cacheHit   bool
 	deliveries int
 	provider   string
 	worker     string
@@ -58,7 +60,8 @@ type provenance struct {
 
 // provenanceNow is the provenance of a run finishing in this delivery.
 func (r *run) provenanceNow() provenance {
-	p := provenance{provider: r.provider(), worker: r.w.cfg.ID, version: r.w.opt.Version, replyTo: r.replyTo}
+	p := provenance{provider: r.provider(), worker: r.w.cfg.ID, version: r.w.opt.Version, replyTo: r.replyTo,
+		costUSD: r.costUSD(), cacheHit: r.cacheHit}
 	p.identity.Caller, p.identity.CallerKind = r.identity.Caller, r.identity.Kind
 	p.identity.Roles, p.identity.Scopes = r.identity.Roles, r.identity.Scopes
 	if r.meta != nil {
@@ -98,6 +101,8 @@ func (r *run) recordFor(reply *contract.Reply, finished time.Time, p provenance)
 		Result:         reply.Result,
 		Verdicts:       reply.Verdicts,
 		Review:         reply.Review,
+		CostUSD:        p.costUSD,
+		CacheHit:       p.cacheHit,
 	}
 	if rec.CallerKind == "" {
 		// Refused before any caller was verified: SPEC §6 knows only subject, jwt and

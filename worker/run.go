@@ -11,6 +11,8 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/budget"
+	"github.com/sys1hq/sys1/worker/cache"
 	"github.com/sys1hq/sys1/worker/policy"
 )
 
@@ -24,11 +26,14 @@ var stages = []struct {
 	name string
 	run  func(r *run, ctx context.Context) error
 }{
-	{"admit", (*run).admit},     // who sent it, and where may it be answered
-	{"gate", (*run).gate},       // claim the run id (or find the run already finished)
-	{"prepare", (*run).prepare}, // deadline, decode, resolve, size
-	{"call", (*run).call},       // the provider
-	{"policy", (*run).policy},   // verdicts beside the answers; what goes to human review
+	{"admit", (*run).admit},         // who sent it, and where may it be answered
+	{"gate", (*run).gate},           // claim the run id (or find the run already finished)
+	{"prepare", (*run).prepare},     // deadline, decode, resolve, size
+	{"cache", (*run).cacheLookup},   // an answer the same weights gave the same request
+	{"budget", (*run).budget},       // the caller's limits, exact across replicas
+	{"call", (*run).call},           // the provider chain
+	{"remember", (*run).cacheStore}, // a fresh answer for the next identical request
+	{"policy", (*run).policy},       // verdicts beside the answers; what goes to review
 }
 
 // run is one delivery's state, filled in stage by stage.
@@ -72,6 +77,12 @@ type run struct {
 	reviews       []policy.Review    // questions to send to human review
 	review        *contract.ReviewRef
 	hold          bool // no reply until a person has labelled the held questions
+
+	// cache and budget
+	cacheKey *cache.Key // set when the run may use the cache
+	cacheAge time.Duration
+	cacheHit bool
+	ticket   *budget.Ticket // the run's admission under its caller's limits
 }
 
 // handle processes one delivery. It never panics: a panic becomes SYS1_INTERNAL.
@@ -86,6 +97,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 	}()
 	r.end(ctx, r.execute(ctx))
+	r.settleBudget(ctx)
 }
 
 // execute runs the stages until one ends the run or the run is known to have finished before.
@@ -155,6 +167,10 @@ func (r *run) logNak(s Settlement, err error) {
 	if cerr, ok := contract.AsError(err); ok {
 		r.w.stats.retried.Add(1)
 		r.log.Info().Str("error_code", string(cerr.Code)).Dur("retry_in", s.Delay).Msg("transient provider error; redelivering")
+		return
+	}
+	if d, ok := isDelay(err); ok {
+		r.log.Info().Dur("retry_in", s.Delay).Msg(d.why)
 		return
 	}
 	if w, ok := err.(*waitError); ok {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider/chain"
+	"github.com/sys1hq/sys1/worker/limits"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -90,8 +91,29 @@ type Capabilities struct {
 	AuthMode       string            `json:"auth_mode"`
 	// Calibration lists the temperature fits this replica applies.
 	Calibration []FitSummary `json:"calibration"`
+	// CallerLimits are the rules of SYS1_LIMITS_FILE in force, first match wins (sys1 status
+	// reads the counters against them).
+	CallerLimits []CallerLimit `json:"caller_limits"`
 	// Schemas are the JSON Schemas of the request, reply and run record (sys1 schema).
 	Schemas map[string]json.RawMessage `json:"schemas"`
+}
+
+// CallerLimit is one rule of the limits file.
+type CallerLimit struct {
+	Name               string  `json:"name"`
+	Caller             string  `json:"caller"`
+	DecisionsPerMinute int64   `json:"decisions_per_minute,omitempty"`
+	InputTokensPerDay  int64   `json:"input_tokens_per_day,omitempty"`
+	USDPerDay          float64 `json:"usd_per_day,omitempty"`
+	InFlight           int64   `json:"in_flight,omitempty"`
+	CacheSeconds       int64   `json:"cache_seconds,omitempty"`
+	CacheOff           bool    `json:"cache_off,omitempty"`
+}
+
+// Rule is the limits rule cl describes.
+func (cl CallerLimit) Rule() limits.Rule {
+	return limits.Rule{Name: cl.Name, Caller: cl.Caller, DecisionsPerMinute: cl.DecisionsPerMinute, InputTokensPerDay: cl.InputTokensPerDay,
+		USDPerDay: cl.USDPerDay, InFlight: cl.InFlight, Cache: time.Duration(cl.CacheSeconds) * time.Second, CacheOff: cl.CacheOff}
 }
 
 // FitSummary is one loaded calibration fit.
@@ -267,9 +289,17 @@ func (w *Worker) Capabilities() Capabilities {
 			MaxStoredBytes: w.storeLimit(),
 		},
 		Concurrency: w.cfg.Concurrency, MaxDeliver: w.cfg.MaxDeliver, ConsumerMax: w.opt.Topology.ConsumerMaxDeliver,
-		AuthMode:    w.opt.Auth.Mode(),
-		Schemas:     map[string]json.RawMessage{},
-		Calibration: []FitSummary{},
+		AuthMode:     w.opt.Auth.Mode(),
+		Schemas:      map[string]json.RawMessage{},
+		Calibration:  []FitSummary{},
+		CallerLimits: []CallerLimit{},
+	}
+	if l := w.limitsNow(); l != nil {
+		for _, r := range l.Rules {
+			c.CallerLimits = append(c.CallerLimits, CallerLimit{Name: r.Name, Caller: r.Caller, DecisionsPerMinute: r.DecisionsPerMinute,
+				InputTokensPerDay: r.InputTokensPerDay, USDPerDay: r.USDPerDay, InFlight: r.InFlight,
+				CacheSeconds: int64(r.Cache / time.Second), CacheOff: r.CacheOff})
+		}
 	}
 	if fits := w.fits.Load(); fits != nil {
 		for _, f := range fits.List() {

@@ -87,6 +87,8 @@ var ErrShutdown = errors.New("run cancelled by shutdown")
 //   - a transient *contract.Error: Nak with the growing delay while deliveries remain and the
 //     deadline allows the next try; otherwise Term, answered with it.
 //   - ErrShutdown: Nak at once.
+//   - a run that must wait for its caller's rate limit or in-flight slot: Nak until then
+//     (the budget stage answered SYS1_EXPIRED already if that is past the deadline).
 //   - anything else is trouble that answering cannot fix (NATS, KV, a duplicate whose run is
 //     still in flight): Nak with the growing delay. Such naks are bounded by the consumer's own
 //     max deliver (SYS1_CONSUMER_MAX_DELIVER), after which JetStream stops redelivering and the
@@ -97,6 +99,10 @@ func settle(in SettleInput) Settlement {
 	}
 	if errors.Is(in.Err, ErrShutdown) || errors.Is(in.Err, context.Canceled) {
 		return Settlement{Disposition: Nak}
+	}
+	if d, ok := isDelay(in.Err); ok {
+		// Waiting for a rate limit's window or an in-flight slot: back exactly then.
+		return Settlement{Disposition: Nak, Delay: max(d.until.Sub(in.Now), 0)}
 	}
 	cerr, ok := contract.AsError(in.Err)
 	if !ok {

@@ -73,6 +73,8 @@ func TestSettleOtherOutcomes(t *testing.T) {
 		{"a hint past the deadline answers now", busy, 1, now.Add(3 * time.Second), Settlement{Disposition: Term}},
 		{"a wrapped contract error is the run's own", fmt.Errorf("call: %w", contract.Errorf(contract.CodeTimeout, "t")), 1, time.Time{}, Settlement{Disposition: Nak, Delay: time.Second}},
 		{"a message without metadata ends", errNotJetStream, 1, time.Time{}, Settlement{Disposition: Term}},
+		{"a rate-limited run comes back when its window frees", &delayError{until: now.Add(7 * time.Second), why: "rate"}, 3, time.Time{}, Settlement{Disposition: Nak, Delay: 7 * time.Second}},
+		{"a slot that freed already: back at once", &delayError{until: now.Add(-time.Second), why: "slot"}, 1, time.Time{}, Settlement{Disposition: Nak}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got := settle(SettleInput{Err: tt.err, Deliveries: tt.deliveries, MaxDeliver: 4, Deadline: tt.deadline, Retry: retry, Now: now})

@@ -11,6 +11,9 @@ import (
 // call asks the provider chain, heartbeating the delivery while it waits for a slot and while
 // the calls run, and records every attempt (calls and skips).
 func (r *run) call(ctx context.Context) error {
+	if r.resp != nil {
+		return nil // answered from the cache
+	}
 	w := r.w
 	callCtx := ctx
 	if !r.deadline.IsZero() {

@@ -106,6 +106,7 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 			At: finished, Deliveries: p.deliveries, CallerKind: p.identity.CallerKind,
 			Roles: p.identity.Roles, Scopes: p.identity.Scopes,
 			Provider: p.provider, Worker: p.worker, Version: p.version, OmitRequest: r.omitRequest,
+			CostUSD: p.costUSD, CacheHit: p.cacheHit,
 		}
 		err := r.store(ctx, "store the outcome", func(ctx context.Context) error {
 			rev, err := r.w.gate.save(ctx, r.runID, &st, r.rev)
@@ -192,7 +193,8 @@ func (r *run) rebuildRecord(st *runState) ([]byte, error) {
 			r.resolved = resolved
 		}
 	}
-	p := provenance{deliveries: f.Deliveries, provider: f.Provider, worker: f.Worker, version: f.Version, replyTo: st.ReplyTo}
+	p := provenance{deliveries: f.Deliveries, provider: f.Provider, worker: f.Worker, version: f.Version, replyTo: st.ReplyTo,
+		costUSD: f.CostUSD, cacheHit: f.CacheHit}
 	p.identity.Caller, p.identity.CallerKind, p.identity.Roles, p.identity.Scopes = st.Caller, f.CallerKind, f.Roles, f.Scopes
 	rec := r.recordFor(&reply, f.At, p)
 	b, err := rec.MarshalJSON()

@@ -26,7 +26,11 @@ import (
 	"github.com/sys1hq/sys1/provider"
 	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/budget"
+	"github.com/sys1hq/sys1/worker/cache"
 	"github.com/sys1hq/sys1/worker/calibration"
+	"github.com/sys1hq/sys1/worker/limits"
+	"github.com/sys1hq/sys1/worker/livefile"
 	"github.com/sys1hq/sys1/worker/policy"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -46,8 +50,13 @@ type Options struct {
 	// Abstention is the abstention policy (SYS1_POLICY_FILE), reloaded as it changes; nil:
 	// no policy — replies carry no verdicts, exactly as before policies existed.
 	Abstention *policy.Handle
-	Auth       auth.Authenticator
-	Logger     zerolog.Logger
+	// Limits are the per-caller budgets, rate limits and cache rules (SYS1_LIMITS_FILE);
+	// Prices the USD prices of providers' models (SYS1_PRICES_FILE). Both re-read as they
+	// change; nil: nobody is limited, every model is unpriced (cost_usd null).
+	Limits *livefile.File[*limits.Limits]
+	Prices *livefile.File[*limits.Prices]
+	Auth   auth.Authenticator
+	Logger zerolog.Logger
 	// Version goes into every run record.
 	Version string
 	// FetchWait bounds one pull request; it is also how long shutdown may wait for a pull in
@@ -88,6 +97,10 @@ type Worker struct {
 	fleet fleet
 	// fits are the calibration fits (KV sys1-calibration), nil when the bucket is not usable.
 	fits atomic.Pointer[calibration.Store]
+	// budget enforces Limits (KV sys1-limits); nil without a limits file. cache is the exact
+	// result cache (KV sys1-cache); nil when its bucket is not usable.
+	budget *budget.Budget
+	cache  *cache.Cache
 }
 
 // New ensures the JetStream topology (streams, run-id bucket, the shared consumer) and returns
@@ -114,6 +127,9 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	}
 	w.chain = ch
 	if err := w.ensure(ctx); err != nil {
+		return nil, err
+	}
+	if err := w.openLimits(ctx); err != nil {
 		return nil, err
 	}
 	if opt.Topology.MaxAckPending < 2*cfg.Concurrency {
@@ -153,6 +169,34 @@ func (w *Worker) ensure(ctx context.Context) error {
 		w.requests, w.gate = requests, gate{kv: kv}
 	}
 	w.cons = cons
+	return nil
+}
+
+// openLimits opens the budget's and the cache's buckets. Budgets are enforced or the worker
+// does not start (a limit that silently does nothing would be worse than none); the cache is
+// an optimisation, so a cache bucket this replica cannot use only turns it off.
+func (w *Worker) openLimits(ctx context.Context) error {
+	if w.opt.Limits != nil {
+		kv, err := w.opt.JS.CreateOrUpdateKeyValue(ctx, w.opt.Topology.LimitsBucketConfig())
+		if err != nil {
+			return fmt.Errorf("limits bucket %s (SYS1_LIMITS_FILE needs it to enforce budgets): %w", w.opt.Topology.LimitsBucket, err)
+		}
+		b, err := budget.New(budget.Config{KV: kv, Log: w.log})
+		if err != nil {
+			return err
+		}
+		w.budget = b
+	}
+	kv, err := w.opt.JS.CreateOrUpdateKeyValue(ctx, w.opt.Topology.CacheBucketConfig(w.cfg.CacheMaxTTL))
+	if err != nil {
+		w.log.Warn().Err(err).Str("bucket", w.opt.Topology.CacheBucket).Msg("cannot use the cache bucket; the exact result cache is off")
+		return nil
+	}
+	c, err := cache.New(cache.Config{KV: kv, JS: w.opt.JS, Log: w.log})
+	if err != nil {
+		return err
+	}
+	w.cache = c
 	return nil
 }
 
@@ -346,6 +390,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	if fits := w.fits.Load(); fits != nil {
 		_ = fits.Stop()
 	}
+	if w.budget != nil {
+		w.budget.Close()
+	}
 	w.log.Info().Msg("worker stopped")
 	return nil
 }
@@ -388,6 +435,7 @@ type stats struct {
 	failed        atomic.Int64
 	retried       atomic.Int64
 	replayed      atomic.Int64
+	cacheHits     atomic.Int64
 }
 
 // Stats is a snapshot of a replica's counters.

@@ -8,11 +8,16 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/sys1hq/sys1/worker"
+	"github.com/sys1hq/sys1/worker/budget"
+	"github.com/sys1hq/sys1/worker/limits"
+	"github.com/sys1hq/sys1/worker/natsconn"
+	"github.com/sys1hq/sys1/worker/topology"
 )
 
 func init() {
@@ -33,6 +38,18 @@ type fleetStatus struct {
 	Replicas  []worker.Health        `json:"replicas"`
 	Consumers []worker.ConsumerState `json:"consumers"`
 	Paused    *worker.PauseState     `json:"paused"`
+	// Callers is each limited caller's use against its limits (SYS1_LIMITS_FILE), today.
+	Callers []callerUse `json:"callers"`
+}
+
+// callerUse is one caller's use of one limit.
+type callerUse struct {
+	Caller   string     `json:"caller"`
+	Rule     string     `json:"rule"`
+	Limit    string     `json:"limit"`
+	Max      float64    `json:"max"`
+	Used     float64    `json:"used"`
+	ResetsAt *time.Time `json:"resets_at,omitempty"`
 }
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -61,7 +78,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "sys1 status: %v\n", err)
 		return exitUsage
 	}
-	st := fleetStatus{Replicas: []worker.Health{}, Consumers: []worker.ConsumerState{}}
+	st := fleetStatus{Replicas: []worker.Health{}, Consumers: []worker.ConsumerState{}, Callers: []callerUse{}}
 	for _, a := range answers {
 		var h worker.Health
 		if err := json.Unmarshal(a, &h); err != nil {
@@ -92,6 +109,11 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		st.Consumers = append(st.Consumers, cs)
 	}
+	if uses, err := callerUses(ctx, conn, topo, *wait); err != nil {
+		fmt.Fprintf(stderr, "sys1 status: caller limits: %v\n", err)
+	} else {
+		st.Callers = uses
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -111,6 +133,51 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 	}
 	return exitOK
+}
+
+// callerUses reads the limits the replicas enforce (their capabilities) and every counted
+// caller's use against them (KV sys1-limits).
+func callerUses(ctx context.Context, conn *natsconn.Conn, topo topology.Config, wait time.Duration) ([]callerUse, error) {
+	caps, err := worker.AskFleet(ctx, conn.NC, worker.CapabilitiesSubject, wait)
+	if err != nil || len(caps) == 0 {
+		return []callerUse{}, err
+	}
+	var c worker.Capabilities
+	if err := json.Unmarshal(caps[0], &c); err != nil {
+		return nil, fmt.Errorf("a replica's capabilities: %w", err)
+	}
+	if len(c.CallerLimits) == 0 {
+		return []callerUse{}, nil // nobody is limited
+	}
+	lim := &limits.Limits{}
+	for _, cl := range c.CallerLimits {
+		lim.Rules = append(lim.Rules, cl.Rule())
+	}
+	kv, err := conn.JS.KeyValue(ctx, topo.LimitsBucket)
+	if err != nil {
+		return nil, fmt.Errorf("limits bucket %s: %w", topo.LimitsBucket, err)
+	}
+	b, err := budget.New(budget.Config{KV: kv})
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	report, err := b.Report(ctx, lim)
+	if err != nil {
+		return nil, err
+	}
+	out := []callerUse{}
+	for _, u := range report {
+		for _, use := range u.Uses {
+			cu := callerUse{Caller: u.Caller, Rule: u.Rule, Limit: use.Kind.Label(), Max: use.Limit, Used: use.Used}
+			if !use.ResetsAt.IsZero() {
+				r := use.ResetsAt
+				cu.ResetsAt = &r
+			}
+			out = append(out, cu)
+		}
+	}
+	return out, nil
 }
 
 func printStatus(out io.Writer, st fleetStatus) {
@@ -140,6 +207,20 @@ func printStatus(out io.Writer, st fleetStatus) {
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", c.Name, c.Pending, c.AckPending, c.Redelivery, describePause(c.Paused))
+	}
+	_ = tw.Flush()
+	if len(st.Callers) == 0 {
+		return
+	}
+	fmt.Fprintln(out)
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CALLER\tRULE\tLIMIT\tUSED\tOF\tRESETS")
+	for _, c := range st.Callers {
+		resets := "-"
+		if c.ResetsAt != nil {
+			resets = c.ResetsAt.Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Caller, c.Rule, c.Limit, strconv.FormatFloat(c.Used, 'f', -1, 64), strconv.FormatFloat(c.Max, 'f', -1, 64), resets)
 	}
 	_ = tw.Flush()
 }

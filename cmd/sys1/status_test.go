@@ -146,3 +146,32 @@ func TestWorkerRefusesABadPolicyFile(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusShowsCallersAgainstTheirLimits: with SYS1_LIMITS_FILE, sys1 status shows each
+// caller's use of each limit today, read from the shared counters.
+func TestStatusShowsCallersAgainstTheirLimits(t *testing.T) {
+	dir := t.TempDir()
+	lim := filepath.Join(dir, "limits.yaml")
+	if err := os.WriteFile(lim, []byte("rules:\n  - caller: anonymous\n    decisions_per_minute: 100\n    input_tokens_per_day: 100000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startEmbeddedWorker(t, "SYS1_LIMITS_FILE", lim)
+	ticket := filepath.Join("..", "..", "contract", "examples", "ticket.json")
+	if code, out, errOut := decide(t, "--timeout", "20s", ticket); code != exitOK {
+		t.Fatalf("decide: %d %s %s", code, out, errOut)
+	}
+	var st fleetStatus
+	natstest.WaitFor(t, 10*time.Second, "the caller's use in sys1 status", func() bool {
+		code, out, _ := runCmd(t, "status", "--json")
+		return code == exitOK && json.Unmarshal([]byte(out), &st) == nil && len(st.Callers) == 2
+	})
+	for _, c := range st.Callers {
+		if c.Caller != "anonymous" || c.Used <= 0 || c.ResetsAt == nil {
+			t.Errorf("caller use %+v", c)
+		}
+	}
+	_, out, _ := runCmd(t, "status")
+	if !strings.Contains(out, "decisions per minute") || !strings.Contains(out, "anonymous") {
+		t.Errorf("status text:\n%s", out)
+	}
+}

@@ -17,6 +17,8 @@ import (
 	"github.com/sys1hq/sys1/sink"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/limits"
+	"github.com/sys1hq/sys1/worker/livefile"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	abstention "github.com/sys1hq/sys1/worker/policy"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -44,9 +46,15 @@ type workerSettings struct {
 type workerFiles struct {
 	// Policy is the abstention policy (SYS1_POLICY_FILE); empty: no policy.
 	Policy string `env:"SYS1_POLICY_FILE"`
-	// policy is the loaded policy, set by Validate so a bad file is reported with every other
-	// bad variable, naming each bad line.
+	// Limits are the per-caller budgets, rate limits and cache rules; Prices the models'
+	// prices. Empty: nobody is limited; every model is unpriced.
+	Limits string `env:"SYS1_LIMITS_FILE"`
+	Prices string `env:"SYS1_PRICES_FILE"`
+	// The loaded files, set by Validate so a bad file is reported with every other bad
+	// variable, naming each bad line.
 	policy *abstention.Handle
+	limits *livefile.File[*limits.Limits]
+	prices *livefile.File[*limits.Prices]
 }
 
 // Validate loads the files, reporting each bad one under its variable.
@@ -59,7 +67,52 @@ func (f *workerFiles) Validate() []error {
 		}
 		f.policy = h
 	}
+	if f.Limits != "" {
+		l, err := limits.LoadLimits(f.Limits)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("SYS1_LIMITS_FILE: %w", err))
+		}
+		f.limits = l
+	}
+	if f.Prices != "" {
+		p, err := limits.LoadPrices(f.Prices)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("SYS1_PRICES_FILE: %w", err))
+		}
+		f.prices = p
+	}
 	return errs
+}
+
+// watch re-reads the files as they change until ctx ends, logging each reload and keeping
+// the last good version of a file whose edit is bad.
+func (f *workerFiles) watch(ctx context.Context, bg *sync.WaitGroup, log zerolog.Logger) {
+	reloaded := func(name, path string) func() {
+		return func() { log.Info().Str("file", path).Msg(name + " reloaded") }
+	}
+	refused := func(name, path string) func(error) {
+		return func(err error) {
+			log.Error().Err(err).Str("file", path).Msg(name + " edit refused; the last good version stays in force")
+		}
+	}
+	if h := f.policy; h != nil {
+		log.Info().Str("policy_file", h.Path()).Int("rules", h.Current().Len()).Msg("abstention policy loaded")
+		bg.Go(func() {
+			h.Watch(ctx, abstention.PollInterval, func(*abstention.Policy) { reloaded("abstention policy", h.Path())() }, refused("abstention policy", h.Path()))
+		})
+	}
+	if l := f.limits; l != nil {
+		log.Info().Str("limits_file", l.Path()).Int("rules", len(l.Current().Rules)).Msg("caller limits loaded")
+		bg.Go(func() {
+			l.Watch(ctx, abstention.PollInterval, func(*limits.Limits) { reloaded("caller limits", l.Path())() }, refused("caller limits", l.Path()))
+		})
+	}
+	if p := f.prices; p != nil {
+		log.Info().Str("prices_file", p.Path()).Msg("prices loaded")
+		bg.Go(func() {
+			p.Watch(ctx, abstention.PollInterval, func(*limits.Prices) { reloaded("prices", p.Path())() }, refused("prices", p.Path()))
+		})
+	}
 }
 
 func loadWorkerSettings() (*workerSettings, error) {
@@ -136,7 +189,7 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 	}
 	w, err := worker.New(ctx, s.worker, worker.Options{
 		NC: conn.NC, JS: conn.JS, Topology: s.topo, Links: links, ChainConfig: chainCfg, Policy: policy, Auth: authn,
-		Abstention: s.files.policy,
+		Abstention: s.files.policy, Limits: s.files.limits, Prices: s.files.prices,
 		Logger: log, Version: version,
 	})
 	if err != nil {
@@ -145,16 +198,7 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 	}
 
 	var bg sync.WaitGroup
-	if h := s.files.policy; h != nil {
-		log.Info().Str("policy_file", h.Path()).Int("rules", h.Current().Len()).Msg("abstention policy loaded")
-		bg.Go(func() {
-			h.Watch(ctx, abstention.PollInterval, func(p *abstention.Policy) {
-				log.Info().Str("policy_file", h.Path()).Int("rules", p.Len()).Msg("abstention policy reloaded")
-			}, func(err error) {
-				log.Error().Err(err).Str("policy_file", h.Path()).Msg("abstention policy edit refused; the last good policy stays in force")
-			})
-		})
-	}
+	s.files.watch(ctx, &bg, log)
 	// The in-process sink exists once ClickHouse answers; /metrics includes it from then on.
 	var inProcessSink atomic.Pointer[sink.Sink]
 	if s.http.Addr != "" {

@@ -1,0 +1,129 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/budget"
+	"github.com/sys1hq/sys1/worker/limits"
+)
+
+// budget admits the run under its caller's limits (SYS1_LIMITS_FILE), exactly across every
+// replica (compare-and-set counters in KV sys1-limits): over a rate limit or an in-flight
+// cap the run waits — redelivered when the window or a slot frees, within its deadline —
+// and over a day budget it is refused SYS1_BUDGET_EXCEEDED, saying which and when it resets.
+// Token and USD budgets are charged an estimate now and corrected to what the call used
+// (settleBudget). A run answered from the cache uses no budget.
+func (r *run) budget(ctx context.Context) error {
+	w := r.w
+	if w.budget == nil || r.resp != nil {
+		return nil
+	}
+	rule, ok := w.limitsNow().Match(r.identity.Caller)
+	if !ok || !rule.Limited() {
+		return nil
+	}
+	d, err := w.budget.Admit(ctx, r.identity.Caller, rule, r.estimate())
+	if err != nil {
+		return fmt.Errorf("budget: %w", err) // NATS trouble: nothing was admitted; try again
+	}
+	switch d.Outcome {
+	case budget.Admitted:
+		r.ticket = d.Ticket
+		return nil
+	case budget.Exceeded:
+		return contract.Errorf(contract.CodeBudgetExceeded, "%s", d.Exceeded.Error())
+	}
+	// Delayed: a rate limit's window or an in-flight slot.
+	if !r.deadline.IsZero() && !d.Until.Before(r.deadline) {
+		return contract.Errorf(contract.CodeExpired, "deadline %s passes before the caller's %s frees (at %s); the provider was not called",
+			r.deadline.UTC().Format(time.RFC3339Nano), d.Reason.Label(), d.Until.UTC().Format(time.RFC3339))
+	}
+	return &delayError{until: d.Until, why: "over the caller's " + d.Reason.Label() + "; redelivered when it frees"}
+}
+
+// estimate is what the run is likely to use, charged to the day budgets until the call says
+// what it used: about four bytes of text a token, and the price of the provider the chain
+// would ask first.
+func (r *run) estimate() budget.Estimate {
+	text := len(r.msg.Data())
+	for _, im := range r.resolved.Images {
+		text -= len(im.Data)
+	}
+	est := budget.Estimate{InputTokens: int64(max(text, 0)/4 + 16*len(r.resolved.Questions))}
+	if routes := r.w.chain.Routes(r.resolved.Model); len(routes) > 0 {
+		usage := contract.Usage{InputTokens: est.InputTokens, OutputTokens: int64(len(r.resolved.Questions))}
+		if c := r.w.pricesNow().Cost(routes[0].Provider, routes[0].Model, usage); c != nil {
+			est.USD = *c
+		}
+	}
+	return est
+}
+
+// settleBudget corrects the budgets to what the run used and frees its in-flight slot, once
+// the delivery is over however it ended (answered, redelivered, refused).
+func (r *run) settleBudget(ctx context.Context) {
+	t := r.ticket
+	if t == nil {
+		return
+	}
+	r.ticket = nil
+	ctx = context.WithoutCancel(ctx)
+	var actual budget.Actual
+	if r.resp != nil && !r.cacheHit {
+		actual = budget.Actual{InputTokens: r.resp.Usage.InputTokens, USD: r.costUSD()}
+	}
+	if err := t.Settle(ctx, actual); err != nil {
+		r.log.Warn().Err(err).Msg("could not correct the caller's budget to what the run used")
+	}
+	if err := t.Release(ctx); err != nil {
+		r.log.Warn().Err(err).Msg("could not free the run's in-flight slot; it lapses with its lease")
+	}
+}
+
+// costUSD is what the answer cost (SYS1_PRICES_FILE), from the attempt that answered: nil
+// when that model is unpriced (never a made-up 0), 0 for an answer from the cache (no call).
+func (r *run) costUSD() *float64 {
+	if r.cacheHit {
+		zero := 0.0
+		return &zero
+	}
+	if r.resp == nil {
+		return nil
+	}
+	return r.w.pricesNow().Cost(r.answeredBy, r.answeredModel, r.resp.Usage)
+}
+
+// delayError is a run that must wait (a rate limit, an in-flight cap): not a failure, never
+// answered; settle naks it until then.
+type delayError struct {
+	until time.Time
+	why   string
+}
+
+func (e *delayError) Error() string { return e.why }
+
+func isDelay(err error) (*delayError, bool) {
+	var d *delayError
+	ok := errors.As(err, &d)
+	return d, ok
+}
+
+// limitsNow is the limits file in force (nil: nobody is limited).
+func (w *Worker) limitsNow() *limits.Limits {
+	if w.opt.Limits == nil {
+		return nil
+	}
+	return w.opt.Limits.Current()
+}
+
+// pricesNow is the prices file in force (nil: every model unpriced).
+func (w *Worker) pricesNow() *limits.Prices {
+	if w.opt.Prices == nil {
+		return nil
+	}
+	return w.opt.Prices.Current()
+}

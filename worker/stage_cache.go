@@ -1,0 +1,90 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/cache"
+)
+
+// Sys1-Cache: a producer allows an answer from the exact result cache up to that age.
+const HeaderCache = cache.Header
+
+// cacheLookup answers the run from the exact result cache when its caller opted in (the
+// limits file's cache: or Sys1-Cache, never longer than the rule) and the same request went
+// to the same model weights within that age. A hit is an answer without a provider call: its
+// attempt says "cache", its cost is 0. The key is the request as sent upstream, the provider
+// the chain would ask first and that provider's model digest — new weights, new keys.
+func (r *run) cacheLookup(ctx context.Context) error {
+	w := r.w
+	if w.cache == nil {
+		return nil
+	}
+	rule, _ := w.limitsNow().Match(r.identity.Caller)
+	age, cerr := cache.MaxAge(rule, r.msg.Headers().Get(HeaderCache), w.cfg.CacheMaxTTL)
+	if cerr != nil {
+		return cerr
+	}
+	if age <= 0 {
+		return nil
+	}
+	routes := w.chain.Routes(r.resolved.Model)
+	if len(routes) == 0 {
+		return nil
+	}
+	route := routes[0]
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	digest, err := w.chain.ModelDigest(dctx, route.Provider, route.Model)
+	cancel()
+	if err != nil || digest == "" {
+		r.log.Debug().Err(err).Str("provider", route.Provider).Msg("no model digest: the cache is not used for this run")
+		return nil
+	}
+	key, err := cache.NewKey(r.identity.Caller, route.Provider, digest, r.resolved)
+	if err != nil {
+		return nil
+	}
+	r.cacheKey, r.cacheAge = &key, age
+	started := time.Now()
+	hit, err := w.cache.Get(ctx, key, r.resolved, age)
+	if err != nil {
+		// The cache is an optimisation, never a reason to fail a run: the model decides.
+		r.log.Warn().Err(err).Msg("cache lookup failed; calling the provider")
+		return nil
+	}
+	if hit == nil {
+		return nil
+	}
+	w.stats.cacheHits.Add(1)
+	r.resp = &contract.Response{Model: hit.Result.Model, Answers: hit.Result.Answers, Usage: hit.Result.Usage}
+	r.answeredBy, r.answeredModel, r.cacheHit = hit.Result.Provider, route.Model, true
+	r.attempts = append(r.attempts, contract.Attempt{
+		Provider: hit.Result.Provider, Model: route.Model, Outcome: contract.OutcomeCache,
+		LatencyMS: time.Since(started).Milliseconds(), Delivery: int(r.meta.NumDelivered), StartedAt: started.UTC(),
+		Detail: fmt.Sprintf("answered from the cache, stored %s ago", hit.Age.Round(time.Second)),
+	})
+	r.newAttempts = true
+	return nil
+}
+
+// cacheStore keeps a fresh answer for the next identical request, for the age this one
+// allowed. Only answers the provider that was asked first gave are stored under its key.
+func (r *run) cacheStore(ctx context.Context) error {
+	if r.cacheKey == nil || r.cacheHit || r.resp == nil {
+		return nil
+	}
+	routes := r.w.chain.Routes(r.resolved.Model)
+	if len(routes) == 0 || routes[0].Provider != r.answeredBy {
+		return nil // another provider answered: not what the key names
+	}
+	res := &contract.Result{Provider: r.answeredBy, Model: r.resp.Model, Answers: r.resp.Answers, Usage: r.resp.Usage}
+	if res.Model == "" {
+		res.Model = r.answeredModel
+	}
+	if err := r.w.cache.Put(ctx, *r.cacheKey, res, r.cacheAge); err != nil {
+		r.log.Warn().Err(err).Msg("could not store the answer in the cache")
+	}
+	return nil
+}
