@@ -28,6 +28,20 @@ func (c *HTTPConfig) Validate() []error {
 	return nil
 }
 
+// newHTTPServer is the operational endpoints' server. Every timeout is set: a scraper or a
+// probe that opens connections and lets them idle, or sends its headers a byte at a time,
+// must not hold connections (and goroutines) for ever.
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
+}
+
 // serveHTTP listens on addr and serves h until stop is called. A listen failure is returned
 // at once (a port already in use is a configuration error, not something to discover later).
 func serveHTTP(addr string, h http.Handler, log zerolog.Logger) (stop func(), err error) {
@@ -35,7 +49,7 @@ func serveHTTP(addr string, h http.Handler, log zerolog.Logger) (stop func(), er
 	if err != nil {
 		return nil, fmt.Errorf("SYS1_HTTP_ADDR %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	srv := newHTTPServer(h)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -16,7 +16,7 @@ import (
 
 // startEmbeddedWorker runs `sys1 worker` with the simulator and an embedded NATS, and points
 // client commands at it.
-func startEmbeddedWorker(t *testing.T, extraEnv ...string) {
+func startEmbeddedWorker(t *testing.T, extraEnv ...string) *natstest.Buffer {
 	t.Helper()
 	port := freePort(t)
 	t.Setenv("SYS1_NATS_URL", "")
@@ -48,6 +48,7 @@ func startEmbeddedWorker(t *testing.T, extraEnv ...string) {
 		return strings.Contains(stderr.String(), "worker started")
 	})
 	t.Setenv("SYS1_NATS_URL", fmt.Sprintf("nats://127.0.0.1:%d", port))
+	return &stderr
 }
 
 func runCmd(t *testing.T, args ...string) (int, string, string) {
@@ -173,5 +174,50 @@ func TestStatusShowsCallersAgainstTheirLimits(t *testing.T) {
 	_, out, _ := runCmd(t, "status")
 	if !strings.Contains(out, "decisions per minute") || !strings.Contains(out, "anonymous") {
 		t.Errorf("status text:\n%s", out)
+	}
+}
+
+// TestOperationalHTTPServerBoundsEveryConnection: read-header, read, write and idle timeouts
+// are all set, so idle keep-alive connections and slow clients are dropped.
+func TestOperationalHTTPServerBoundsEveryConnection(t *testing.T) {
+	srv := newHTTPServer(nil)
+	if srv.ReadHeaderTimeout <= 0 || srv.ReadTimeout <= 0 || srv.WriteTimeout <= 0 || srv.IdleTimeout <= 0 || srv.MaxHeaderBytes <= 0 {
+		t.Fatalf("timeouts %+v", srv)
+	}
+}
+
+// TestEmbeddedWorkerLogLinesHaveEachKeyOnce: every log line is a JSON object with each key
+// once (the embedded nats-server's lines used to carry "component" twice).
+func TestEmbeddedWorkerLogLinesHaveEachKeyOnce(t *testing.T) {
+	logs := startEmbeddedWorker(t, "SYS1_LOG_LEVEL", "debug")
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	var nats int
+	for _, line := range lines {
+		dec := json.NewDecoder(strings.NewReader(line))
+		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+			t.Fatalf("not a JSON object: %s", line)
+		}
+		seen := map[string]bool{}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				t.Fatalf("%v in %s", err, line)
+			}
+			key := tok.(string)
+			if seen[key] {
+				t.Errorf("key %q twice in %s", key, line)
+			}
+			seen[key] = true
+			var v json.RawMessage
+			if err := dec.Decode(&v); err != nil {
+				t.Fatalf("%v in %s", err, line)
+			}
+		}
+		if strings.Contains(line, "nats-server") {
+			nats++
+		}
+	}
+	if nats == 0 {
+		t.Errorf("no embedded nats-server log line to check among %d lines", len(lines))
 	}
 }

@@ -223,7 +223,7 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if s.sink.DSN != "" {
 		// The in-process sink waits for ClickHouse in the background: decisions do not depend
 		// on it, and records wait in SYS1_RUNS meanwhile.
-		slog := log.With().Str("component", "sink").Logger()
+		slog := log.With().Str("subsystem", "sink").Logger()
 		bg.Go(func() { runInProcessSink(ctx, s, conn, slog, &inProcessSink) })
 	}
 

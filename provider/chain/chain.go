@@ -123,7 +123,7 @@ func New(cfg Config, links ...Link) (*Chain, error) {
 		cooldown:     cfg.BreakerCooldown,
 		probeTimeout: cfg.ProbeTimeout,
 		clock:        cfg.Clock,
-		log:          cfg.Logger.With().Str("component", "provider-chain").Logger(),
+		log:          cfg.Logger.With().Str("subsystem", "provider-chain").Logger(),
 	}
 	if c.failures <= 0 {
 		c.failures = DefaultBreakerFailures

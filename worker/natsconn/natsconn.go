@@ -313,7 +313,9 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 		return nil, fmt.Errorf("embedded NATS server: %w", err)
 	}
 	if o.Logger != nil {
-		s.SetLogger(serverLogger{o.Logger.With().Str("component", "nats-server").Logger()}, false, false)
+		// "subsystem", not "component": the logger already names the component (worker), and
+		// a JSON line must not carry one key twice.
+		s.SetLogger(serverLogger{o.Logger.With().Str("subsystem", "nats-server").Logger()}, false, false)
 	}
 	s.Start()
 	ready := o.ReadyTimeout
