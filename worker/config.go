@@ -40,6 +40,10 @@ type Config struct {
 	// ReviewState is what review items keep of the run's state: full (shown to reviewers)
 	// or none.
 	ReviewState string `env:"SYS1_REVIEW_STATE" envDefault:"full"`
+	// BatchMaxShare caps the share of this replica's message slots batch requests may hold,
+	// even while no interactive request is waiting (above 0, at most 1: all of them; at
+	// least one slot). Zero means the default, 1.
+	BatchMaxShare float64 `env:"SYS1_BATCH_MAX_SHARE" envDefault:"1"`
 	// CacheMaxTTL bounds how long any answer stays in the exact result cache (and so the age
 	// any caller's rule or Sys1-Cache can allow).
 	CacheMaxTTL time.Duration `env:"SYS1_CACHE_MAX_TTL" envDefault:"168h"`
@@ -73,6 +77,9 @@ func (c *Config) Validate() []error {
 	}
 	if c.ReviewState != "" && c.ReviewState != ReviewStateFull && c.ReviewState != ReviewStateNone {
 		errs = append(errs, fmt.Errorf("SYS1_REVIEW_STATE: %q is not one of full, none", c.ReviewState))
+	}
+	if c.BatchMaxShare < 0 || c.BatchMaxShare > 1 || c.BatchMaxShare != c.BatchMaxShare {
+		errs = append(errs, fmt.Errorf("SYS1_BATCH_MAX_SHARE: must be above 0 and at most 1, got %v", c.BatchMaxShare))
 	}
 	if c.CacheMaxTTL < 0 {
 		errs = append(errs, fmt.Errorf("SYS1_CACHE_MAX_TTL: must not be negative, got %s", c.CacheMaxTTL))
@@ -113,6 +120,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.ReviewState == "" {
 		out.ReviewState = ReviewStateFull
+	}
+	if out.BatchMaxShare == 0 {
+		out.BatchMaxShare = 1
 	}
 	if out.CacheMaxTTL == 0 {
 		out.CacheMaxTTL = 168 * time.Hour

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +70,10 @@ type Worker struct {
 	cfg  Config
 	opt  Options
 	cons jetstream.Consumer // used by the pull loop alone, which also replaces it (ensure)
+	// batchCons is the batch requests' consumer (sys1.batch.>), read only with slots no
+	// interactive request is waiting for; batchInFlight counts the batch messages in hand.
+	batchCons     jetstream.Consumer
+	batchInFlight atomic.Int64
 	// deadCons is the shared consumer of dead letters (deadletter.go); ensure replaces it.
 	deadCons atomic.Pointer[jetstream.Consumer]
 	// requests is the request stream, to tell whether a run's owning message still exists.
@@ -151,6 +156,10 @@ func (w *Worker) ensure(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	batchCons, err := topology.EnsureBatchConsumer(ctx, w.opt.JS, w.opt.Topology)
+	if err != nil {
+		return err
+	}
 	if w.fits.Load() == nil {
 		w.loadFits(ctx)
 	}
@@ -168,7 +177,7 @@ func (w *Worker) ensure(ctx context.Context) error {
 	if w.cons == nil {
 		w.requests, w.gate = requests, gate{kv: kv}
 	}
-	w.cons = cons
+	w.cons, w.batchCons = cons, batchCons
 	return nil
 }
 
@@ -288,17 +297,23 @@ func (w *Worker) Run(ctx context.Context) error {
 	// One long-lived goroutine per slot runs the messages. A goroutine per message would be
 	// simpler, but each new one grows its stack again through the decoders (copystack was 5% of
 	// the CPU at zero provider latency); these keep theirs.
-	work := make(chan jetstream.Msg, cap(slots))
+	work := make(chan delivery, cap(slots))
 	var wg sync.WaitGroup
 	for range cap(slots) {
 		wg.Go(func() {
-			for msg := range work {
-				w.handle(runCtx, msg)
+			for d := range work {
+				w.handle(runCtx, d.msg)
 				w.stats.inFlight.Add(-1)
+				if d.batch {
+					w.batchInFlight.Add(-1)
+				}
 				<-slots
 			}
 		})
 	}
+	// Batch requests may hold at most this many slots, even with no interactive traffic
+	// (SYS1_BATCH_MAX_SHARE), so a burst of interactive requests never waits for more.
+	maxBatch := max(int64(math.Floor(w.cfg.BatchMaxShare*float64(cap(slots)))), 1)
 	var dead sync.WaitGroup
 	dead.Go(func() { w.deadLetters(ctx, runCtx) })
 	probed := w.chain.Start(ctx, w.cfg.ProbeInterval)
@@ -339,7 +354,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				break reserve
 			}
 		}
-		used, err := w.fetch(ctx, n, work)
+		used, err := w.pull(ctx, n, maxBatch, work)
 		for i := used; i < n; i++ {
 			<-slots
 		}
@@ -397,19 +412,54 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
-// fetch issues one pull for up to n messages and hands each to the runners as it arrives (a
-// slot is already reserved for each). It returns how many it handed over.
-func (w *Worker) fetch(ctx context.Context, n int, work chan<- jetstream.Msg) (int, error) {
-	// The pull is bounded by time, not by ctx: cancelling a pull mid-flight can strand
-	// messages the server already sent until AckWait. Shutdown waits at most FetchWait.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opt.FetchWait)
-	defer cancel()
-	batch, err := w.cons.Fetch(n, jetstream.FetchContext(fctx))
+// delivery is one message handed to a runner, and which consumer it came from.
+type delivery struct {
+	msg   jetstream.Msg
+	batch bool
+}
+
+// pull fills up to n reserved slots, interactive first: whatever interactive requests are
+// waiting, then batch requests for the slots left (within maxBatch batch messages in hand).
+// Both are asked without waiting; only when neither had anything does it wait (up to
+// FetchWait) for interactive requests, so an idle replica picks up a burst at once and looks
+// at batch work again right after. It returns how many slots it used.
+func (w *Worker) pull(ctx context.Context, n int, maxBatch int64, work chan<- delivery) (int, error) {
+	used, err := w.fetch(ctx, w.cons, n, false, true, work)
+	if err != nil {
+		return used, err
+	}
+	if allowance := min(int64(n-used), maxBatch-w.batchInFlight.Load()); allowance > 0 {
+		b, err := w.fetch(ctx, w.batchCons, int(allowance), true, true, work)
+		used += b
+		if err != nil {
+			return used, err
+		}
+	}
+	if used > 0 {
+		return used, nil
+	}
+	return w.fetch(ctx, w.cons, n, false, false, work)
+}
+
+// fetch issues one pull for up to n messages from cons and hands each to the runners as it
+// arrives (a slot is already reserved for each). It returns how many it handed over.
+func (w *Worker) fetch(ctx context.Context, cons jetstream.Consumer, n int, batch, noWait bool, work chan<- delivery) (int, error) {
+	var mb jetstream.MessageBatch
+	var err error
+	if noWait {
+		mb, err = cons.FetchNoWait(n)
+	} else {
+		// The pull is bounded by time, not by ctx: cancelling a pull mid-flight can strand
+		// messages the server already sent until AckWait. Shutdown waits at most FetchWait.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opt.FetchWait)
+		defer cancel()
+		mb, err = cons.Fetch(n, jetstream.FetchContext(fctx))
+	}
 	if err != nil {
 		return 0, fmt.Errorf("fetch %d: %w", n, err)
 	}
 	used := 0
-	for msg := range batch.Messages() {
+	for msg := range mb.Messages() {
 		if ctx.Err() != nil {
 			// Pulled after SIGTERM: hand it straight back for another replica.
 			_ = msg.Nak()
@@ -417,9 +467,12 @@ func (w *Worker) fetch(ctx context.Context, n int, work chan<- jetstream.Msg) (i
 		}
 		used++
 		w.stats.inFlight.Add(1)
-		work <- msg // never blocks: there is a runner per slot and a slot per message
+		if batch {
+			w.batchInFlight.Add(1)
+		}
+		work <- delivery{msg: msg, batch: batch} // never blocks: a runner per slot, a slot per message
 	}
-	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+	if err := mb.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
 		return used, fmt.Errorf("fetch: %w", err)
 	}
 	return used, nil
