@@ -125,6 +125,23 @@ func TestPermissionsFromDeployConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("worker: consumer: %v", err)
 	}
+	// Requests that ran out of deliveries: the worker reads their advisories and removes each
+	// request once it has answered it.
+	deadCons, err := topology.EnsureDeadLetterConsumer(ctxT(t, 10*time.Second), wconn.JS, cfg)
+	if err != nil {
+		t.Fatalf("worker: dead-letter consumer: %v", err)
+	}
+	if _, err := deadCons.Fetch(1, jetstream.FetchMaxWait(200*time.Millisecond)); err != nil {
+		t.Fatalf("worker: pull dead letters: %v", err)
+	}
+	requests, err := wconn.JS.Stream(ctxT(t, 5*time.Second), cfg.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Answered by JetStream (no such message), not refused (a refused request times out).
+	if err := requests.DeleteMsg(ctxT(t, 5*time.Second), 1<<40); err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("worker: remove a request message: %v, want JetStream's answer that there is none", err)
+	}
 
 	svcA := connect(t, s, "svc-a")
 	svcB := connect(t, s, "svc-b")
