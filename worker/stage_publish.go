@@ -279,7 +279,12 @@ func (r *run) store(ctx context.Context, what string, op func(context.Context) e
 	// Beat often enough that JetStream never redelivers while we retry.
 	maxDelay := min(2*time.Second, max(w.opt.Topology.AckWait/3, 10*time.Millisecond))
 	for attempt := 1; ; attempt++ {
-		err := op(ctx)
+		// Each try is bounded well under JetStream's 5 s request timeout: a write to a stream
+		// whose leader just died waits out the whole timeout, and the new leader is usually
+		// there sooner.
+		actx, cancel := context.WithTimeout(ctx, storeAttemptTimeout)
+		err := op(actx)
+		cancel()
 		if err == nil || isTooLarge(err) || ctx.Err() != nil || !time.Now().Add(delay).Before(budget) {
 			if err != nil && isTooLarge(err) {
 				return fmt.Errorf("%w: %w", errTooLarge, err)
@@ -298,6 +303,9 @@ func (r *run) store(ctx context.Context, what string, op func(context.Context) e
 		delay = min(2*delay, maxDelay)
 	}
 }
+
+// storeAttemptTimeout bounds one try of store.
+const storeAttemptTimeout = 2 * time.Second
 
 // errTooLarge marks an outcome NATS cannot store: over max_payload, the stream's max message
 // size, or the gate's.
