@@ -103,6 +103,8 @@ func (r *run) recordFor(reply *contract.Reply, finished time.Time, p provenance)
 		Review:         reply.Review,
 		CostUSD:        p.costUSD,
 		CacheHit:       p.cacheHit,
+		BatchID:        r.batchID,
+		ItemID:         r.itemID,
 	}
 	if rec.CallerKind == "" {
 		// Refused before any caller was verified: SPEC §6 knows only subject, jwt and

@@ -50,6 +50,8 @@ type run struct {
 	recordID string // the id the record is stored under (derived when the caller may not own runID)
 	replyTo  string
 	identity auth.Identity
+	// batchID and itemID name a batch item (sys1.batch.<caller>.<batch id>); empty otherwise.
+	batchID, itemID string
 
 	// gate
 	state    *runState // the gate entry, once claimed

@@ -219,7 +219,7 @@ func (w *Worker) watchFleet(ctx context.Context, interval time.Duration) {
 }
 
 func (w *Worker) refreshFleet(ctx context.Context) {
-	names := []string{w.opt.Topology.WorkerConsumer}
+	names := []string{w.opt.Topology.WorkerConsumer, w.opt.Topology.BatchConsumer}
 	out := make([]ConsumerState, 0, len(names))
 	for _, name := range names {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)

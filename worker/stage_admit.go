@@ -3,9 +3,11 @@ package worker
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // errNotJetStream is a message without JetStream metadata: nothing to reply to, nothing to
@@ -67,6 +69,28 @@ func (r *run) admit(ctx context.Context) error {
 	if id := hdr.Get(HeaderRunID); id != "" && !ValidRunID(id) {
 		return contract.Errorf(contract.CodeInvalidInput, "%s: must be 1–128 of A-Za-z0-9._:- (got %d bytes); the run was recorded as %s", HeaderRunID, len(id), r.derived)
 	}
+	return r.admitBatch()
+}
+
+// admitBatch names a batch item's batch and item. A batch request is published on
+// sys1.batch.<caller>.<batch id> with run id <batch id>:<item id>; anything else there is
+// refused (and recorded under the derived id, so it cannot overwrite a real run's record).
+func (r *run) admitBatch() error {
+	rest, ok := strings.CutPrefix(r.msg.Subject(), topology.BatchPrefix)
+	if !ok {
+		return nil
+	}
+	_, batchID, _ := strings.Cut(rest, ".")
+	if batchID == "" || strings.Contains(batchID, ".") {
+		r.recordID = r.derived
+		return contract.Errorf(contract.CodeInvalidInput, "batch requests go to %s<caller>.<batch id>, not %q", topology.BatchPrefix, echo(r.msg.Subject()))
+	}
+	item, ok := strings.CutPrefix(r.runID, batchID+":")
+	if !ok || item == "" || r.runID == r.derived {
+		r.recordID = r.derived
+		return contract.Errorf(contract.CodeInvalidInput, "%s: a batch item's run id is <batch id>:<item id> (%s:…), got %q", HeaderRunID, batchID, echo(r.runID))
+	}
+	r.batchID, r.itemID = batchID, item
 	return nil
 }
 
