@@ -32,6 +32,9 @@ type runState struct {
 	StreamSeq uint64             `json:"stream_seq"`
 	StartedAt time.Time          `json:"started_at"`
 	Attempts  []contract.Attempt `json:"attempts,omitempty"`
+	// Waits counts the deliveries that waited for the caller's limits (a rate limit's window,
+	// an in-flight slot) instead of running: they do not count against SYS1_MAX_DELIVER.
+	Waits int `json:"waits,omitempty"`
 	// Outcome of a finished run: what a replay needs, and nothing more. The exact reply bytes
 	// answer any later delivery of the run id; the record is written again only when the
 	// run's own message comes back (a crash between finishing and acking), and is rebuilt
@@ -204,6 +207,10 @@ func (st *runState) encode() ([]byte, error) {
 		return nil, err
 	}
 	b = append(b, ts...)
+	if st.Waits > 0 {
+		b = append(b, `,"waits":`...)
+		b = strconv.AppendInt(b, int64(st.Waits), 10)
+	}
 	if len(st.Attempts) > 0 {
 		as, err := json.Marshal(st.Attempts)
 		if err != nil {

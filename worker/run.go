@@ -131,9 +131,19 @@ func (r *run) end(ctx context.Context, err error) {
 func (r *run) settle(err error) Settlement {
 	in := SettleInput{Err: err, MaxDeliver: r.w.cfg.MaxDeliver, Deadline: r.deadline, Retry: r.w.cfg.retry(), Now: time.Now()}
 	if r.meta != nil {
-		in.Deliveries = int(r.meta.NumDelivered)
+		in.Deliveries = r.tries()
 	}
 	return settle(in)
+}
+
+// tries is how many deliveries of the run tried to run it: all of them but those that waited
+// for the caller's limits (recorded in the gate), which SYS1_MAX_DELIVER does not count.
+func (r *run) tries() int {
+	n := int(r.meta.NumDelivered)
+	if r.state != nil {
+		n -= r.state.Waits
+	}
+	return max(n, 1)
 }
 
 // apply ends the delivery as s says.
@@ -147,10 +157,14 @@ func (r *run) apply(ctx context.Context, s Settlement, err error) {
 		r.logNak(s, err)
 		// A stream or the gate's bucket may be gone: the pull loop recreates them.
 		r.w.requestRepair(err)
-		if r.newAttempts {
+		_, waited := isDelay(err)
+		if waited && r.state != nil {
+			r.state.Waits++ // a wait is not a try: the next delivery must know
+		}
+		if r.newAttempts || waited {
 			// The next delivery, on any replica, continues the same record.
 			if serr := r.saveAttempts(context.WithoutCancel(ctx)); serr != nil {
-				r.log.Warn().Err(serr).Msg("could not store the attempt; it will be missing from the record")
+				r.log.Warn().Err(serr).Msg("could not store the run's progress in the gate; the next delivery may count this one")
 			}
 		}
 		if s.Delay <= 0 {

@@ -37,7 +37,12 @@ func (r *run) budget(ctx context.Context) error {
 	case budget.Exceeded:
 		return contract.Errorf(contract.CodeBudgetExceeded, "%s", d.Exceeded.Error())
 	}
-	// Delayed: a rate limit's window or an in-flight slot.
+	// Delayed: a rate limit's window or an in-flight slot. An in-flight slot is looked for
+	// again sooner at first, then less often (up to every 5 s), so a long wait costs few
+	// deliveries (each counts against SYS1_CONSUMER_MAX_DELIVER).
+	if d.Reason == budget.KindInFlight && r.state != nil {
+		d.Until = d.Until.Add(min(time.Duration(1<<min(r.state.Waits, 5))*250*time.Millisecond, 5*time.Second))
+	}
 	if !r.deadline.IsZero() && !d.Until.Before(r.deadline) {
 		return contract.Errorf(contract.CodeExpired, "deadline %s passes before the caller's %s frees (at %s); the provider was not called",
 			r.deadline.UTC().Format(time.RFC3339Nano), d.Reason.Label(), d.Until.UTC().Format(time.RFC3339))

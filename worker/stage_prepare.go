@@ -46,7 +46,7 @@ func (r *run) prepare(context.Context) error {
 		return contract.Errorf(contract.CodeRequestTooLarge, "the run's record would take about %d bytes (the request as recorded plus its answers), over the %d bytes NATS can store (max_payload, SYS1_MAX_MSG_SIZE); send less state or fewer, shorter options, or raise both limits; the model was not called",
 			size, w.storeLimit())
 	}
-	if int(r.meta.NumDelivered) > w.cfg.MaxDeliver {
+	if r.tries() > w.cfg.MaxDeliver {
 		// Earlier deliveries died without finishing (crashed replicas); stop here.
 		return r.lastError(fmt.Sprintf("no delivery finished the run in %d deliveries", r.meta.NumDelivered))
 	}
@@ -57,12 +57,16 @@ func expiredBeforeCall(deadline time.Time) *contract.Error {
 	return contract.Errorf(contract.CodeExpired, "deadline %s passed before the provider was called", deadline.UTC().Format(time.RFC3339Nano))
 }
 
-// lastError is the error of the last attempt, or SYS1_INTERNAL with why when there is none.
+// lastError is the error of the last attempt; with none, SYS1_BUDGET_EXCEEDED when the run
+// spent its deliveries waiting for its caller's limits, else SYS1_INTERNAL with why.
 func (r *run) lastError(why string) *contract.Error {
 	for i := len(r.attempts) - 1; i >= 0; i-- {
 		if c := r.attempts[i].ErrorCode; c != "" {
 			return contract.Errorf(c, "%s (last error: %s)", why, r.attempts[i].Detail)
 		}
+	}
+	if r.state != nil && r.state.Waits > 0 {
+		return contract.Errorf(contract.CodeBudgetExceeded, "%s: it waited %d times for the caller's rate limit or in-flight cap and was not run", why, r.state.Waits)
 	}
 	return contract.Errorf(contract.CodeInternal, "%s", why)
 }

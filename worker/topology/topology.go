@@ -74,8 +74,10 @@ type Config struct {
 	// consumers. It must exceed SYS1_MAX_DELIVER: the worker answers a run whose provider
 	// keeps failing after SYS1_MAX_DELIVER deliveries itself; this is the backstop for
 	// deliveries that could not even do that (NATS or KV trouble, crashed replicas, a duplicate
-	// waiting for its run), after which the run is dead-lettered and answered with an error.
-	ConsumerMaxDeliver int `env:"SYS1_CONSUMER_MAX_DELIVER" envDefault:"20"`
+	// waiting for its run, a run waiting for its caller's rate limit or in-flight slot), after
+	// which the run is dead-lettered and answered with an error. With the retry schedule
+	// capped at SYS1_RETRY_MAX (60s), 100 deliveries ride out well over an hour of trouble.
+	ConsumerMaxDeliver int `env:"SYS1_CONSUMER_MAX_DELIVER" envDefault:"100"`
 	// LimitsBucket holds the per-caller budget and rate-limit counters.
 	LimitsBucket   string        `env:"SYS1_LIMITS_BUCKET" envDefault:"sys1-limits"`
 	Replicas       int           `env:"SYS1_STREAM_REPLICAS" envDefault:"1"`
@@ -168,7 +170,7 @@ func Default() Config {
 		LabelsConsumer: "sys1-labels", SinkLabelsConsumer: "sys1-sink-labels",
 		RunsBucket: "sys1-runs", ReviewBucket: "sys1-review", CalibrationBucket: "sys1-calibration",
 		CacheBucket: "sys1-cache", LimitsBucket: "sys1-limits",
-		DeadLetterStream: "SYS1_DEAD_LETTERS", DeadLetterConsumer: "sys1-dead-letter", ConsumerMaxDeliver: 20,
+		DeadLetterStream: "SYS1_DEAD_LETTERS", DeadLetterConsumer: "sys1-dead-letter", ConsumerMaxDeliver: 100,
 		Replicas: 1, RequestsMaxAge: 24 * time.Hour, RunsMaxAge: 7 * 24 * time.Hour,
 		RepliesMaxAge: 24 * time.Hour, ReviewMaxAge: 30 * 24 * time.Hour, LabelsMaxAge: 30 * 24 * time.Hour, RunIDTTL: 7 * 24 * time.Hour, DedupeWindow: 2 * time.Minute,
 		AckWait: 30 * time.Second, MaxAckPending: 1024, MaxMsgSize: 8 << 20,

@@ -63,7 +63,7 @@ func TestEnsureIsIdempotentAndMatchesSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	cc := cons.CachedInfo().Config
-	if cc.AckPolicy != jetstream.AckExplicitPolicy || cc.Durable != "sys1-worker" || cc.MaxAckPending != 1024 || cc.MaxDeliver != 20 || cc.FilterSubject != "sys1.decide.>" {
+	if cc.AckPolicy != jetstream.AckExplicitPolicy || cc.Durable != "sys1-worker" || cc.MaxAckPending != 1024 || cc.MaxDeliver != 100 || cc.FilterSubject != "sys1.decide.>" {
 		t.Errorf("consumer %+v", cc)
 	}
 	if _, err := js.KeyValue(ctx, "sys1-runs"); err != nil {
