@@ -19,12 +19,12 @@ const (
 
 // Estimate is how long a batch should take, from what the replicas report.
 type Estimate struct {
-	Replicas    int     `json:"replicas"`     // replicas found
-	Reporting   int     `json:"reporting"`    // replicas that reported latency and concurrency
-	Concurrency int     `json:"concurrency"`  // provider calls in flight across the replicas
-	LatencyMS   float64 `json:"latency_ms"`   // their recent provider latency (mean)
-	PerSecond   float64 `json:"per_second"`   // the decisions per second that allows
-	DurationMS  int64   `json:"duration_ms"`  // items / PerSecond; 0 when not known
+	Replicas    int     `json:"replicas"`    // replicas found
+	Reporting   int     `json:"reporting"`   // replicas that reported latency and concurrency
+	Concurrency int     `json:"concurrency"` // provider calls in flight across the replicas
+	LatencyMS   float64 `json:"latency_ms"`  // their recent provider latency (mean)
+	PerSecond   float64 `json:"per_second"`  // the decisions per second that allows
+	DurationMS  int64   `json:"duration_ms"` // items / PerSecond; 0 when not known
 	Unavailable string  `json:"unavailable"` // why there is no estimate
 }
 

@@ -327,4 +327,6 @@ func (r *Responder) reply(replyTo, runID string, body []byte, first bool) {
 }
 
 // String describes the double in test logs.
-func (r *Responder) String() string { return fmt.Sprintf("batchtest.Responder(%d calls)", len(r.AllCalls())) }
+func (r *Responder) String() string {
+	return fmt.Sprintf("batchtest.Responder(%d calls)", len(r.AllCalls()))
+}
