@@ -152,3 +152,5 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 }
 
 var _ = bytes.Equal
+
+func batch_testOpts() batchtest.Options { return batchtest.Options{Concurrency: 4} }

@@ -126,9 +126,13 @@ func newLineReader(r *bufio.Reader, max int) *lineReader { return &lineReader{br
 // next call. At the end it returns io.EOF; a line over the bound is a *LineTooLongError and the
 // reader continues after it.
 func (lr *lineReader) next() ([]byte, error) {
+	if cap(lr.buf) > 1<<20 {
+		lr.buf = nil // a long line's buffer is not kept for the short ones after it
+	}
 	lr.buf = lr.buf[:0]
 	var total int64
 	over := false
+	var prevLast byte // the last byte of the previous chunk, for a \r\n split across two
 	for {
 		chunk, err := lr.br.ReadSlice('\n')
 		total += int64(len(chunk))
@@ -137,12 +141,16 @@ func (lr *lineReader) next() ([]byte, error) {
 				over = true
 				lr.buf = lr.buf[:0]
 			} else {
+				lr.buf = lr.grow(len(chunk))
 				lr.buf = append(lr.buf, chunk...)
 			}
 		}
 		switch {
 		case err == nil:
 		case errors.Is(err, bufio.ErrBufferFull):
+			if len(chunk) > 0 {
+				prevLast = chunk[len(chunk)-1]
+			}
 			continue
 		case errors.Is(err, io.EOF):
 			if total == 0 {
@@ -153,7 +161,7 @@ func (lr *lineReader) next() ([]byte, error) {
 		}
 		lr.line++
 		if over {
-			return nil, &LineTooLongError{Line: lr.line, Bytes: total - newlineLen(chunk), Max: lr.max}
+			return nil, &LineTooLongError{Line: lr.line, Bytes: total - newlineLen(chunk, prevLast), Max: lr.max}
 		}
 		line := bytes.TrimSuffix(lr.buf, []byte("\n"))
 		line = bytes.TrimSuffix(line, []byte("\r"))
@@ -164,11 +172,26 @@ func (lr *lineReader) next() ([]byte, error) {
 	}
 }
 
-func newlineLen(lastChunk []byte) int64 {
+// grow makes room for n more bytes, doubling up to the bound but never past it, so a line
+// near the bound costs about twice its size in allocations, not the geometric series' more.
+func (lr *lineReader) grow(n int) []byte {
+	need := len(lr.buf) + n
+	if need <= cap(lr.buf) {
+		return lr.buf
+	}
+	c := min(max(2*cap(lr.buf), need, 4096), lr.max+2)
+	nb := make([]byte, len(lr.buf), max(c, need))
+	copy(nb, lr.buf)
+	return nb
+}
+
+// newlineLen is the length of the line ending that closes a line whose last chunk is
+// lastChunk (prevLast: the byte before that chunk).
+func newlineLen(lastChunk []byte, prevLast byte) int64 {
 	switch {
-	case bytes.HasSuffix(lastChunk, []byte("\r\n")):
+	case bytes.HasSuffix(lastChunk, []byte("\r\n")), bytes.Equal(lastChunk, []byte("\n")) && prevLast == '\r':
 		return 2
-	case bytes.HasSuffix(lastChunk, []byte("\n")):
+	case bytes.HasSuffix(lastChunk, []byte("\n")), bytes.HasSuffix(lastChunk, []byte("\r")): // a last line ending in \r
 		return 1
 	}
 	return 0

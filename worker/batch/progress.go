@@ -22,6 +22,7 @@ type ProgressWriter struct {
 	Label string        // e.g. the batch id
 
 	lastPlain time.Duration
+	printed   bool
 	samples   []sample // for the rate: (elapsed, done) over the last rateWindow
 	drawn     bool
 }
@@ -61,10 +62,10 @@ func (w *ProgressWriter) Update(p Progress) {
 	if every <= 0 {
 		every = 10 * time.Second
 	}
-	if !p.Final && p.Elapsed-w.lastPlain < every {
+	if w.printed && !p.Final && p.Elapsed-w.lastPlain < every {
 		return
 	}
-	w.lastPlain = p.Elapsed
+	w.printed, w.lastPlain = true, p.Elapsed
 	fmt.Fprintln(w.W, w.plain(p, rate))
 }
 

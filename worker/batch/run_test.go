@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -166,5 +167,65 @@ func TestBatchResumeAfterInterruption(t *testing.T) {
 	}
 	if got := len(resp.AllCalls()); got != n-1 {
 		t.Errorf("%d items called the provider, want %d", got, n-1)
+	}
+}
+
+// TestBatchWindowBoundsWhatIsOutstanding: with a responder that could take 64 requests at once,
+// never more than --in-flight are published and unanswered.
+func TestBatchWindowBoundsWhatIsOutstanding(t *testing.T) {
+	const n, inFlight = 400, 8
+	d := newDeployment(t)
+	resp := d.responder(t, batchtest.Options{Concurrency: 64, Delay: func(string) time.Duration { return time.Millisecond }})
+	lines := make([]string, n)
+	for i := range n {
+		lines[i] = request(i)
+	}
+	path := writeLines(t, "w.jsonl", lines)
+	res := runBatch(context.Background(), t, d.client(t, "svc"), batch.Input{Path: path}, path+".out", batch.RunConfig{Caller: "svc", InFlight: inFlight})
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if got := resp.MaxOpen(); got > inFlight || got < inFlight/2 {
+		t.Errorf("at most %d requests were open at once, want ≤ %d (and the window used)", got, inFlight)
+	}
+}
+
+// TestBatchReorderBufferIsBounded: while the first item is held, later items are answered and
+// wait to be written in order; no more than 2 × --in-flight items are taken from the input.
+func TestBatchReorderBufferIsBounded(t *testing.T) {
+	const n, inFlight = 200, 4
+	d := newDeployment(t)
+	release := make(chan struct{})
+	lines := make([]string, n)
+	for i := range n {
+		lines[i] = fmt.Sprintf(`{"custom_id":"t-%d","body":%s}`, i, request(i))
+	}
+	resp := d.responder(t, batchtest.Options{Concurrency: 16, Delay: func(id string) time.Duration {
+		if strings.HasSuffix(id, ":t-0") {
+			<-release
+		}
+		return 0
+	}})
+	path := writeLines(t, "r.jsonl", lines)
+	var mu sync.Mutex
+	var last batch.Progress
+	done := make(chan runResult, 1)
+	go func() {
+		done <- runBatch(context.Background(), t, d.client(t, "svc"), batch.Input{Path: path}, path+".out", batch.RunConfig{
+			Caller: "svc", InFlight: inFlight, ProgressEvery: 10 * time.Millisecond,
+			Progress: func(p batch.Progress) { mu.Lock(); last = p; mu.Unlock() },
+		})
+	}()
+	waitFor(t, 20*time.Second, "every item but the held one in the window answered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return last.Succeeded == 2*inFlight-1
+	})
+	if got := resp.Received(); got != 2*inFlight {
+		t.Errorf("%d items were sent while the first was held; the window and the reorder buffer allow %d", got, 2*inFlight)
+	}
+	close(release)
+	if r := <-done; r.err != nil || r.summary.Succeeded != n {
+		t.Fatalf("after the release: %v %+v", r.err, r.summary)
 	}
 }

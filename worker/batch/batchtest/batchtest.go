@@ -61,6 +61,9 @@ type Responder struct {
 	calls    map[string]int // provider calls by run id
 	answered map[string]int // replies published by run id
 	subjects map[string]int // requests received by subject
+	received map[string]bool
+	open     map[string]bool // run ids received and not answered yet
+	maxOpen  int
 }
 
 // Start creates the topology (streams, gate bucket, batch consumer) and starts answering.
@@ -86,6 +89,7 @@ func Start(t testing.TB, nc *nats.Conn, js jetstream.JetStream, opts Options) *R
 		t: t, nc: nc, kv: kv, opts: opts, sim: simulator.New(0),
 		work: make(chan jetstream.Msg), stop: make(chan struct{}),
 		calls: map[string]int{}, answered: map[string]int{}, subjects: map[string]int{},
+		received: map[string]bool{}, open: map[string]bool{},
 	}
 	for range opts.Concurrency {
 		r.wg.Add(1)
@@ -144,6 +148,21 @@ func (r *Responder) AllCalls() map[string]int {
 	return out
 }
 
+// Received is how many distinct run ids arrived.
+func (r *Responder) Received() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.received)
+}
+
+// MaxOpen is the most run ids that had arrived and were not answered yet at any one time: the
+// producer's window as this side saw it.
+func (r *Responder) MaxOpen() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.maxOpen
+}
+
 // Subjects returns how many requests arrived on each subject.
 func (r *Responder) Subjects() map[string]int {
 	r.mu.Lock()
@@ -190,6 +209,11 @@ func (r *Responder) handle(m jetstream.Msg) {
 	replyTo := h.Get(worker.HeaderReplyTo)
 	r.mu.Lock()
 	r.subjects[m.Subject()]++
+	if !r.received[runID] {
+		r.received[runID] = true
+		r.open[runID] = true
+		r.maxOpen = max(r.maxOpen, len(r.open))
+	}
 	r.mu.Unlock()
 
 	// The gate, as the worker keeps it: claim, or answer a finished run from its outcome.
@@ -300,6 +324,7 @@ func (r *Responder) reply(replyTo, runID string, body []byte, first bool) {
 	r.mu.Lock()
 	r.answered[runID]++
 	n := r.answered[runID]
+	delete(r.open, runID)
 	r.mu.Unlock()
 	if first && n == 1 && every(runID, "lose", r.opts.LoseEvery) {
 		return
