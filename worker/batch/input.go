@@ -420,10 +420,9 @@ func isInteger(v []byte) bool {
 // boundedReader fails once more than max bytes were read since the last reset: a CSV record
 // (which may span lines) cannot be bounded by a line reader.
 type boundedReader struct {
-	r    io.Reader
-	n    int
-	max  int
-	line func() int
+	r   io.Reader
+	n   int
+	max int
 }
 
 var errRecordTooLong = errors.New("record too long")

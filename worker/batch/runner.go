@@ -118,13 +118,11 @@ type slot struct {
 	lastSent   time.Time
 	sentSeq    int // the run's publish counter when it was last sent
 	oc         *outcome
-	counted    bool // in the progress counts
 }
 
 type pubJob struct {
-	ord      int
-	msg      *nats.Msg
-	deadline time.Time
+	ord int
+	msg *nats.Msg
 }
 
 type pubResult struct {

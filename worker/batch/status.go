@@ -49,15 +49,30 @@ func ReadCancelMarker(ctx context.Context, nc *nats.Conn, bucket, batchID string
 	subj := "$JS.API.DIRECT.GET.KV_" + bucket + ".$KV." + bucket + "." + CancelMarkerKey(batchID)
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	msg, err := nc.RequestWithContext(ctx, subj, nil)
-	switch {
-	case errors.Is(err, nats.ErrNoResponders):
-		return time.Time{}, false, nil
-	case err != nil:
-		if last := nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), "$JS.API.DIRECT.GET") {
-			return time.Time{}, false, fmt.Errorf("NATS permissions refuse a direct get on bucket %s: %w", bucket, last)
-		}
+	// Subscribe, publish and flush by hand rather than nc.Request: a publish the server's
+	// permissions refuse is answered by an -ERR that arrives before the flush's PONG, so a
+	// producer without the permission learns it at once instead of after the timeout.
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
 		return time.Time{}, false, fmt.Errorf("read the cancel marker: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest(subj, inbox, nil); err != nil {
+		return time.Time{}, false, fmt.Errorf("read the cancel marker: %w", err)
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return time.Time{}, false, fmt.Errorf("read the cancel marker: %w", err)
+	}
+	if last := nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) && (strings.Contains(last.Error(), subj) || strings.Contains(last.Error(), inbox)) {
+		return time.Time{}, false, fmt.Errorf("NATS permissions refuse reading it (%v)", last)
+	}
+	msg, err := sub.NextMsgWithContext(ctx)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("read the cancel marker: %w", err)
+	}
+	if msg.Header.Get("Status") == "503" && len(msg.Data) == 0 {
+		return time.Time{}, false, nil // no responders: no bucket, so no marker
 	}
 	if len(msg.Data) == 0 {
 		if st := msg.Header.Get("Status"); st == "404" {
