@@ -410,3 +410,27 @@ func TestBatchCommandInboxPrefixDefaultsToTheCaller(t *testing.T) {
 		t.Errorf("foreign inbox: exit %d\n%s", code, stderr)
 	}
 }
+
+// TestBatchCommandDeadline: --deadline goes on every request as Sys1-Deadline; items past it
+// fail SYS1_EXPIRED (failed, not cancelled: the batch was not cancelled).
+func TestBatchCommandDeadline(t *testing.T) {
+	d := startBatchDeployment(t, true, batchtest.Options{})
+	in := writeFile(t, "in.jsonl", batchRequest(1)+"\n"+batchRequest(2)+"\n")
+	code, out, stderr := sys1Batch(t, "run", in, "--deadline", "2001-02-03T04:05:06Z", "--progress", "never")
+	if code != exitFailed || !strings.Contains(out, "2 failed") || !strings.Contains(out, "SYS1_EXPIRED 2") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
+	}
+	for _, l := range readResults(t, in+".results.jsonl") {
+		if l.Status != "failed" || l.Error.Code != "SYS1_EXPIRED" || !strings.Contains(l.Error.Message, "2001-02-03T04:05:06Z") {
+			t.Errorf("line %d: %s %+v", l.Line, l.Status, l.Error)
+		}
+	}
+	if len(d.resp.AllCalls()) != 0 {
+		t.Error("an expired item reached the provider")
+	}
+	// A relative deadline is from now, and goes on the requests too.
+	in2 := writeFile(t, "in2.jsonl", batchRequest(3)+"\n")
+	if code, out, stderr := sys1Batch(t, "run", in2, "--deadline", "1h", "--progress", "never"); code != exitOK {
+		t.Errorf("--deadline 1h: exit %d\n%s\n%s", code, out, stderr)
+	}
+}

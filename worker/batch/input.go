@@ -237,7 +237,7 @@ func members(b []byte) ([]member, error) {
 	dec.UseNumber()
 	tok, err := dec.Token()
 	if err != nil {
-		return nil, fmt.Errorf("invalid JSON: %w", err)
+		return nil, jsonError("", err)
 	}
 	if tok != json.Delim('{') {
 		return nil, errors.New("not a JSON object")
@@ -247,12 +247,12 @@ func members(b []byte) ([]member, error) {
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return out, fmt.Errorf("invalid JSON: %w", err)
+			return out, jsonError("", err)
 		}
 		key, _ := tok.(string)
 		var v json.RawMessage
 		if err := dec.Decode(&v); err != nil {
-			return append(out, member{key, nil}), fmt.Errorf("invalid JSON in %q: %w", truncate(key, 64), err)
+			return append(out, member{key, nil}), jsonError(key, err)
 		}
 		if seen[key] {
 			return out, fmt.Errorf("duplicate key %q", truncate(key, 64))
@@ -261,12 +261,24 @@ func members(b []byte) ([]member, error) {
 		out = append(out, member{key, v})
 	}
 	if _, err := dec.Token(); err != nil {
-		return out, fmt.Errorf("invalid JSON: %w", err)
+		return out, jsonError("", err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return out, errors.New("more than one JSON value on the line")
 	}
 	return out, nil
+}
+
+// jsonError says what is wrong with a line's JSON (in the value of key, when set).
+func jsonError(key string, err error) error {
+	where := ""
+	if key != "" {
+		where = fmt.Sprintf(" in %q", truncate(key, 64))
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("invalid JSON%s: the line ends before the JSON does", where)
+	}
+	return fmt.Errorf("invalid JSON%s: %w", where, err)
 }
 
 // parseRequestLine reads one JSONL line: a System One request, or {"custom_id": "…", "body":
@@ -292,7 +304,15 @@ func parseRequestLine(line []byte, n int) Entry {
 		return validated(Entry{Line: n}, line)
 	}
 	if err != nil {
-		return invalid(n, "", "line: %v", err)
+		// Name the line by its custom id when that much could be read.
+		custom := ""
+		for _, m := range ms {
+			if m.key == "custom_id" && json.Unmarshal(m.value, &custom) == nil && len(custom) <= MaxCustomIDBytes {
+				break
+			}
+			custom = ""
+		}
+		return invalid(n, custom, "line: %v", err)
 	}
 	var custom string
 	var body json.RawMessage

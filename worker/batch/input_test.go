@@ -54,7 +54,7 @@ func TestBatchJSONLLines(t *testing.T) {
 		{1, "1", true, ""},
 		{3, "x-1", true, ""},
 		{4, "4", true, ""},
-		{5, "5", false, `duplicate key "body"`},
+		{5, "x-2", false, `duplicate key "body"`}, // the custom id read before the fault names it
 		{6, "6", false, "custom_id: must not be empty"},
 		{7, "x-3", false, "body: required"},
 		{8, "8", false, "invalid UTF-8 at byte 10"},

@@ -41,11 +41,12 @@ func (w *ProgressWriter) Update(p Progress) {
 	for len(w.samples) > 2 && p.Elapsed-w.samples[0].at > rateWindow {
 		w.samples = w.samples[1:]
 	}
+	// The rate over the last rateWindow, or since the start when that is all there is (the
+	// first plain line) and at the end.
 	rate := 0.0
-	if first := w.samples[0]; p.Elapsed > first.at {
+	if first := w.samples[0]; len(w.samples) > 1 && p.Elapsed > first.at && !p.Final {
 		rate = float64(sent-first.done) / (p.Elapsed - first.at).Seconds()
-	}
-	if p.Final && p.Elapsed > 0 {
+	} else if p.Elapsed > 0 {
 		rate = float64(sent) / p.Elapsed.Seconds()
 	}
 	if w.Live {
@@ -105,7 +106,8 @@ func (w *ProgressWriter) render(p Progress, rate float64) string {
 		pct = float64(p.Done()) / float64(p.Total)
 	}
 	text := fmt.Sprintf(" %d/%d %3.0f%%  %s  %.0f/s  %s", p.Done(), p.Total, 100*pct, w.counts(p), rate, eta(p, rate))
-	barWidth := min(40, width-len(text)-3)
+	// The bar's width depends on the terminal only, so it does not jitter as the figures grow.
+	barWidth := min(40, width-62)
 	if barWidth < 10 {
 		// Too narrow for a bar: the figures alone, cut to the width.
 		return cut(strings.TrimSpace(text), width-1)

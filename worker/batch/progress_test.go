@@ -95,7 +95,7 @@ func TestBatchSummaryDistributions(t *testing.T) {
 	}
 	var buf bytes.Buffer
 	s.Print(&buf)
-	for _, want := range []string{"41 lines: 40 succeeded, 0 failed, 1 invalid", "errors: SYS1_INVALID_INPUT 1", "label (choice, 40 answers): billing", "mean P(yes)", "mean score", "decisions/s"} {
+	for _, want := range []string{"41 lines: 40 succeeded, 0 failed, 1 invalid", "by error code: SYS1_INVALID_INPUT 1", "label (choice, 40 answers): billing", "mean P(yes)", "mean score", "decisions/s"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("printed summary lacks %q:\n%s", want, buf.String())
 		}

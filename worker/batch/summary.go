@@ -241,7 +241,7 @@ func (s *Summary) Print(w io.Writer) {
 			}
 			return codes[i] < codes[j]
 		})
-		fmt.Fprintf(w, "  errors:")
+		fmt.Fprintf(w, "  by error code:")
 		for _, c := range codes {
 			fmt.Fprintf(w, " %s %d", c, s.ErrorCodes[c])
 		}
