@@ -214,6 +214,9 @@ func batchRun(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *out == "" {
 		*out = path + ".results.jsonl"
 	}
+	if sameFile(*out, path) || sameFile(batch.ErrorsPath(*out), path) {
+		return fail("the output %s would overwrite the input", *out)
+	}
 
 	// Pass 1: validate everything, find duplicates, hash the input. Nothing is sent yet.
 	listed := 0
@@ -309,6 +312,16 @@ func batchRun(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return exitOK
 }
 
+// sameFile reports whether a and b name one file (b exists; a may not).
+func sameFile(a, b string) bool {
+	sa, errA := os.Stat(a)
+	sb, errB := os.Stat(b)
+	if errA != nil || errB != nil {
+		return false
+	}
+	return os.SameFile(sa, sb)
+}
+
 // terminalWidth is $COLUMNS, or 80.
 func terminalWidth() int {
 	if n, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && n > 20 {
@@ -401,6 +414,11 @@ func batchStatus(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	return exitOK
 }
 
+// cancelSettle is how long cancel waits before its second purge: longer than a running batch's
+// cancel-marker poll (batch.DefaultCancelPoll), so what a run published before it noticed is
+// purged too.
+var cancelSettle = 2*batch.DefaultCancelPoll + time.Second
+
 func batchCancel(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("batch cancel", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -428,7 +446,7 @@ func batchCancel(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return exitUsage
 	}
 	defer conn.Close()
-	rep, err := batch.Cancel(ctx, conn.NC, conn.JS, batch.Names{RequestsStream: topo.RequestsStream, RunsBucket: topo.RunsBucket}, ids[0], *caller, time.Now())
+	rep, err := batch.Cancel(ctx, conn.NC, conn.JS, batch.Names{RequestsStream: topo.RequestsStream, RunsBucket: topo.RunsBucket}, ids[0], *caller, time.Now(), cancelSettle)
 	if err != nil {
 		fmt.Fprintf(stderr, "sys1 batch cancel: %v\n", err)
 		return exitUsage

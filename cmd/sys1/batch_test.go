@@ -251,6 +251,7 @@ func TestBatchCommandRefusesBadInputBeforeSending(t *testing.T) {
 		"bad progress":       {[]string{"run", good, "--progress", "sometimes"}, "--progress must be"},
 		"bad deadline":       {[]string{"run", good, "--deadline", "soon"}, "--deadline"},
 		"id-field, no tpl":   {[]string{"run", good, "--id-field", "x"}, "--id-field needs --template"},
+		"output is input":    {[]string{"run", good, "-o", good}, "would overwrite the input"},
 		"unknown subcommand": {[]string{"start", good}, `unknown subcommand "start"`},
 		"status, no id":      {[]string{"status"}, "exactly one batch ID"},
 		"cancel, bad id":     {[]string{"cancel", "a:b"}, "batch id"},

@@ -37,7 +37,7 @@ func TestBatchCancelMidway(t *testing.T) {
 	_, js := d.nc, d.js
 	plan, _ := batch.Scan(context.Background(), batch.Input{Path: path}, nil)
 	id := batch.DeriveBatchID(plan.InputHash, "svc", batch.Input{Path: path}.Fingerprint())
-	rep, err := batch.Cancel(context.Background(), d.nc, js, batch.Names{}, id, "", time.Now())
+	rep, err := batch.Cancel(context.Background(), d.nc, js, batch.Names{}, id, "", time.Now(), 100*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestBatchCancelMidway(t *testing.T) {
 	if after := len(resp.AllCalls()); after != before {
 		t.Errorf("the later run called the provider for %d more items", after-before)
 	}
-	again, err := batch.Cancel(context.Background(), d.nc, js, batch.Names{}, id, "", time.Now())
+	again, err := batch.Cancel(context.Background(), d.nc, js, batch.Names{}, id, "", time.Now(), 100*time.Millisecond)
 	if err != nil || !again.AlreadyCancelled || !again.CancelledAt.Equal(rep.CancelledAt) {
 		t.Errorf("second cancel: %+v %v", again, err)
 	}
@@ -118,7 +118,7 @@ func TestBatchStatusOfUnknownBatch(t *testing.T) {
 	if _, err := batch.Status(context.Background(), d.js, batch.Names{}, "a.b", ""); err == nil {
 		t.Error("a batch id with a dot was accepted")
 	}
-	if _, err := batch.Cancel(context.Background(), d.nc, d.js, batch.Names{}, "x", "a b", time.Now()); err == nil {
+	if _, err := batch.Cancel(context.Background(), d.nc, d.js, batch.Names{}, "x", "a b", time.Now(), 0); err == nil {
 		t.Error("a caller with a space was accepted")
 	}
 }

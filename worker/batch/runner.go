@@ -25,7 +25,11 @@ const (
 	DefaultMaxInFlightBytes = 256 << 20
 	DefaultResendAfter      = 2 * time.Minute
 	DefaultPublishers       = 8
-	DefaultCancelPoll       = 5 * time.Second
+	DefaultCancelPoll       = time.Second
+	// cancelledResend is how soon an unanswered item of a cancelled batch is published again:
+	// 'sys1 batch cancel' purges the stream twice (see Cancel), and a deadline-passed request
+	// costs the worker no provider call, so there is nothing to wait for.
+	cancelledResend = 2 * time.Second
 	DefaultRunsBucket       = "sys1-runs"
 	maxResendBackoff        = 16 // a re-sent item waits at most 16× the base before the next
 )
@@ -554,6 +558,12 @@ func (r *runner) resend(now time.Time) {
 	slow := 4 * max(r.cfg.ResendAfter, 3*r.maxLatency)
 	for _, s := range r.window {
 		if s.oc != nil || s.publishing || s.lastSent.IsZero() {
+			continue
+		}
+		if !r.cancelAt.IsZero() {
+			if now.Sub(s.lastSent) >= cancelledResend {
+				r.send(s)
+			}
 			continue
 		}
 		backoff := time.Duration(min(1<<(s.sends-1), maxResendBackoff))

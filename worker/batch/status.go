@@ -20,8 +20,8 @@ import (
 // Cancelling a batch.
 //
 // 'sys1 batch cancel ID' writes a cancel marker (CancelMarkerKey) into the run-id gate's
-// bucket, then purges the batch's queued messages from the request stream. A batch run
-// that is going on reads the marker every few seconds, and a later run of the same batch
+// bucket, then purges the batch's queued messages from the request stream (twice: see Cancel).
+// A batch run that is going on reads the marker every second, and a later run of the same batch
 // reads it before sending anything. From then on every unanswered item is published with
 // Sys1-Deadline set to the cancel time. The worker settles the run-id gate before it checks
 // the deadline, so an item that had finished is answered from its stored outcome and keeps its
@@ -264,11 +264,15 @@ type CancelReport struct {
 	After *StatusReport `json:"status"`
 }
 
-// Cancel stops a batch (see the package comment on cancelling): it writes the cancel marker,
+// Cancel stops a batch (see the comment on cancelling above): it writes the cancel marker,
 // then purges the batch's queued messages from the request stream. Items being run when it is
 // cancelled finish and keep their results. It needs write access to the gate bucket and
 // permission to purge the request stream: an operator's command.
-func Cancel(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, names Names, batchID, caller string, now time.Time) (*CancelReport, error) {
+//
+// A run going on notices the marker within its CancelPoll; what it published before that is
+// not cancelled by the first purge, so after settle (longer than the runs' CancelPoll) Cancel
+// purges again. Zero settle purges once.
+func Cancel(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, names Names, batchID, caller string, now time.Time, settle time.Duration) (*CancelReport, error) {
 	if err := ValidBatchID(batchID); err != nil {
 		return nil, err
 	}
@@ -304,6 +308,20 @@ func Cancel(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, names Na
 		return nil, err
 	}
 	rep.Purged = n
+	if settle > 0 {
+		t := time.NewTimer(settle)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		n, err := purge(ctx, nc, names.RequestsStream, streamFilter(caller, batchID))
+		if err != nil {
+			return nil, err
+		}
+		rep.Purged += n
+	}
 	if rep.After, err = Status(ctx, js, names, batchID, caller); err != nil {
 		return nil, err
 	}
