@@ -29,9 +29,9 @@ const (
 	// cancelledResend is how soon an unanswered item of a cancelled batch is published again:
 	// 'sys1 batch cancel' purges the stream twice (see Cancel), and a deadline-passed request
 	// costs the worker no provider call, so there is nothing to wait for.
-	cancelledResend = 2 * time.Second
-	DefaultRunsBucket       = "sys1-runs"
-	maxResendBackoff        = 16 // a re-sent item waits at most 16× the base before the next
+	cancelledResend   = 2 * time.Second
+	DefaultRunsBucket = "sys1-runs"
+	maxResendBackoff  = 16 // a re-sent item waits at most 16× the base before the next
 )
 
 // ErrNoStream means nothing stores requests on the batch subject: no worker has created the
