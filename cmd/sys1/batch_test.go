@@ -431,7 +431,38 @@ func TestBatchCommandDeadline(t *testing.T) {
 	}
 	// A relative deadline is from now, and goes on the requests too.
 	in2 := writeFile(t, "in2.jsonl", batchRequest(3)+"\n")
+	before := time.Now()
 	if code, out, stderr := sys1Batch(t, "run", in2, "--deadline", "1h", "--progress", "never"); code != exitOK {
 		t.Errorf("--deadline 1h: exit %d\n%s\n%s", code, out, stderr)
+	}
+	dl, err := time.Parse(time.RFC3339Nano, d.resp.Header(readResults(t, in2+".results.jsonl")[0].RunID).Get("Sys1-Deadline"))
+	if err != nil || dl.Before(before.Add(time.Hour)) || dl.After(time.Now().Add(time.Hour)) {
+		t.Errorf("Sys1-Deadline of --deadline 1h: %s %v", dl, err)
+	}
+}
+
+// TestBatchCommandKeepsTheTokenToTheRequests: the bearer token goes in the requests'
+// Authorization header and nowhere else: not on stdout or stderr, not in the output files.
+func TestBatchCommandKeepsTheTokenToTheRequests(t *testing.T) {
+	d := startBatchDeployment(t, true, batchtest.Options{})
+	const token = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0LXRva2Vu.sekrit-signature"
+	in := writeFile(t, "in.jsonl", batchRequest(1)+"\n{}\n")
+	summary := filepath.Join(t.TempDir(), "s.json")
+	code, out, stderr := sys1Batch(t, "run", in, "--token", token, "--progress", "always", "--summary-json", summary)
+	if code != exitFailed {
+		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
+	}
+	for name, text := range map[string]string{"stdout": out, "stderr": stderr, "results": readFileString(t, in+".results.jsonl"),
+		"errors": readFileString(t, in+".results.jsonl.errors.jsonl"), "summary": readFileString(t, summary)} {
+		if strings.Contains(text, "sekrit") || strings.Contains(text, "c2VjcmV0") {
+			t.Errorf("%s carries the token:\n%s", name, text)
+		}
+	}
+	// The request carries it, with the other SPEC §3 headers.
+	runID := readResults(t, in+".results.jsonl")[0].RunID
+	h := d.resp.Header(runID)
+	if h.Get("Authorization") != "Bearer "+token || h.Get("Sys1-Run-Id") != runID ||
+		!strings.HasPrefix(h.Get("Sys1-Reply-To"), "_INBOX.cli.") || !strings.HasPrefix(h.Get("Nats-Msg-Id"), runID+"/") {
+		t.Errorf("request headers: %v", h)
 	}
 }

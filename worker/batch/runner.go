@@ -475,6 +475,8 @@ func (r *runner) publish(ctx context.Context, m *nats.Msg) error {
 			return contract.Errorf(contract.CodeRequestTooLarge, "the request is %d bytes, over the NATS server's max_payload; it was not sent", len(m.Data))
 		case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
 			return contract.Errorf(contract.CodeRequestTooLarge, "the request is %d bytes, over the request stream's largest message (SYS1_MAX_MSG_SIZE); it was not sent", len(m.Data))
+		case errors.Is(err, nats.ErrConnectionClosed):
+			return &fatalError{fmt.Errorf("publish to %s: %w", m.Subject, err)}
 		case errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders):
 			// Also seen for a moment while a stream's leader changes; a few tries tell.
 			if noStream++; noStream >= 5 {

@@ -62,7 +62,8 @@ type Responder struct {
 	answered map[string]int // replies published by run id
 	subjects map[string]int // requests received by subject
 	received map[string]bool
-	open     map[string]bool // run ids received and not answered yet
+	headers  map[string]nats.Header // the last request's headers by run id
+	open     map[string]bool         // run ids received and not answered yet
 	maxOpen  int
 }
 
@@ -89,7 +90,7 @@ func Start(t testing.TB, nc *nats.Conn, js jetstream.JetStream, opts Options) *R
 		t: t, nc: nc, kv: kv, opts: opts, sim: simulator.New(0),
 		work: make(chan jetstream.Msg), stop: make(chan struct{}),
 		calls: map[string]int{}, answered: map[string]int{}, subjects: map[string]int{},
-		received: map[string]bool{}, open: map[string]bool{},
+		received: map[string]bool{}, open: map[string]bool{}, headers: map[string]nats.Header{},
 	}
 	for range opts.Concurrency {
 		r.wg.Add(1)
@@ -146,6 +147,13 @@ func (r *Responder) AllCalls() map[string]int {
 		out[k] = v
 	}
 	return out
+}
+
+// Header is the headers of the last request for runID (nil if none came).
+func (r *Responder) Header(runID string) nats.Header {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.headers[runID]
 }
 
 // Received is how many distinct run ids arrived.
@@ -209,6 +217,7 @@ func (r *Responder) handle(m jetstream.Msg) {
 	replyTo := h.Get(worker.HeaderReplyTo)
 	r.mu.Lock()
 	r.subjects[m.Subject()]++
+	r.headers[runID] = h
 	if !r.received[runID] {
 		r.received[runID] = true
 		r.open[runID] = true
