@@ -63,7 +63,7 @@ type Responder struct {
 	subjects map[string]int // requests received by subject
 	received map[string]bool
 	headers  map[string]nats.Header // the last request's headers by run id
-	open     map[string]bool         // run ids received and not answered yet
+	open     map[string]bool        // run ids received and not answered yet
 	maxOpen  int
 }
 
