@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -67,7 +68,19 @@ func (c *countingProvider) total() int {
 // worker does not consume batch requests yet.
 func startWorkers(t *testing.T, replicas int, latency time.Duration) (string, *countingProvider) {
 	t.Helper()
-	srv := natstest.Start(t, func(o *server.Options) { o.MaxPayload = 8 << 20 })
+	return startWorkersWith(t, replicas, latency, nil, auth.DefaultConfig())
+}
+
+// startWorkersWith is startWorkers on a server configure shapes (users, permissions), with
+// the workers' authentication configured by authCfg; they connect as worker (when set).
+func startWorkersWith(t *testing.T, replicas int, latency time.Duration, configure func(*server.Options), authCfg auth.Config, workerOpts ...nats.Option) (string, *countingProvider) {
+	t.Helper()
+	srv := natstest.Start(t, func(o *server.Options) {
+		o.MaxPayload = 8 << 20
+		if configure != nil {
+			configure(o)
+		}
+	})
 	fake := ollamatest.New(t, ollamatest.WithLatency(latency))
 	p, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "10000"}, ollama.WithMaxConns(64))
 	if err != nil {
@@ -77,9 +90,13 @@ func startWorkers(t *testing.T, replicas int, latency time.Duration) (string, *c
 	topo := topology.Default()
 	topo.AckWait = 5 * time.Second
 	for i := range replicas {
-		nc, js := natstest.Connect(t, srv)
+		nc, js := natstest.Connect(t, srv, workerOpts...)
 		ctx, cancel := context.WithCancel(context.Background())
-		a, _ := auth.New(ctx, auth.DefaultConfig(), zerolog.Nop())
+		a, err := auth.New(ctx, authCfg, zerolog.Nop())
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
 		w, err := worker.New(ctx, worker.Config{Concurrency: 4, MaxDeliver: 3, ShutdownGrace: 5 * time.Second, FetchBatch: 4,
 			RetryBase: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, ID: fmt.Sprintf("replica-%d", i)},
 			worker.Options{NC: nc, JS: js, Topology: topo, Provider: counting, Policy: contract.Policy{DefaultModel: "nimble"},
@@ -309,5 +326,46 @@ func TestBatchCancelAgainstWorker(t *testing.T) {
 	}
 	if readFileString(t, in+".results.jsonl") != first || calls.total() != before {
 		t.Errorf("the later run differs or called the provider (%d → %d)", before, calls.total())
+	}
+}
+
+// TestBatchAsARestrictedProducer (needs the worker side): in auth mode subject, a producer
+// whose NATS user may publish only sys1.batch.svc-a.* and read only _INBOX.svc-a.> (as
+// deploy/nats grants) runs a batch with no inbox setting at all: the default inbox prefix is
+// _INBOX.<caller>, which is also where the workers answer. Publishing as another caller is
+// refused at once, exit status 2.
+func TestBatchAsARestrictedProducer(t *testing.T) {
+	authCfg := auth.DefaultConfig()
+	authCfg.Mode = auth.ModeSubject
+	url, calls := startWorkersWith(t, 1, 0, func(o *server.Options) {
+		o.Users = []*server.User{
+			{Username: "sys1-worker", Password: "worker-pw"},
+			{Username: "svc-a", Password: "svc-a-pw", Permissions: &server.Permissions{
+				Publish:   &server.SubjectPermission{Allow: []string{"sys1.batch.svc-a.*"}, Deny: []string{"$KV.>", "$JS.API.STREAM.>", "$JS.API.DIRECT.>"}},
+				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.svc-a.>"}},
+			}},
+		}
+	}, authCfg, nats.UserInfo("sys1-worker", "worker-pw"))
+	t.Setenv("SYS1_NATS_URL", url)
+	t.Setenv("SYS1_NATS_USER", "svc-a")
+	t.Setenv("SYS1_NATS_PASSWORD", "svc-a-pw")
+	t.Setenv("SYS1_NATS_INBOX_PREFIX", "")
+	var lines []string
+	for i := range 50 {
+		lines = append(lines, batchRequest(i))
+	}
+	in := writeFile(t, "in.jsonl", strings.Join(lines, "\n"))
+	code, out, stderr := sys1Batch(t, "run", in, "--caller", "svc-a", "--progress", "never")
+	if code != exitOK || calls.total() != 50 {
+		t.Fatalf("exit %d, %d provider calls\n%s\n%s", code, calls.total(), out, stderr)
+	}
+	code, _, stderr = sys1Batch(t, "run", in, "--caller", "svc-b", "--progress", "never")
+	if code != exitUsage || !strings.Contains(stderr, "may not subscribe to its reply inbox _INBOX.svc-b.") || !strings.Contains(stderr, "is --caller this NATS user?") {
+		t.Errorf("as another caller: exit %d\n%s", code, stderr)
+	}
+	t.Setenv("SYS1_NATS_INBOX_PREFIX", "_INBOX.svc-a")
+	code, _, stderr = sys1Batch(t, "run", in, "--caller", "svc-b", "--progress", "never")
+	if code != exitUsage || !strings.Contains(stderr, "NATS refuses this user's publishes to sys1.batch.svc-b.") {
+		t.Errorf("publishing as another caller: exit %d\n%s", code, stderr)
 	}
 }

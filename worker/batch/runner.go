@@ -246,6 +246,23 @@ func (r *runner) run(ctx context.Context, in Input) error {
 		return err
 	}
 
+	// A publish the server's permissions refuse is never acknowledged: each would wait out its
+	// timeout. The server says so at once, asynchronously; listen for it, and end the run.
+	denied := make(chan error, 1)
+	prev := r.nc.ErrorHandler()
+	r.nc.SetErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+r.subject+`"`) {
+			select {
+			case denied <- &fatalError{fmt.Errorf("NATS refuses this user's publishes to %s (%v): check --caller; a producer may publish only its own sys1.batch.<user>.*", r.subject, err)}:
+			default:
+			}
+		}
+		if prev != nil {
+			prev(nc, sub, err)
+		}
+	})
+	defer r.nc.SetErrorHandler(prev)
+
 	// The cancel marker: read once before anything is sent, then every CancelPoll.
 	cancels := make(chan time.Time, 1)
 	if r.cfg.CancelPoll > 0 {
@@ -317,6 +334,8 @@ func (r *runner) run(ctx context.Context, in Input) error {
 			}
 		case at := <-cancels:
 			r.setCancelled(at)
+		case err := <-denied:
+			return err
 		case now := <-tick.C:
 			r.resend(now)
 			if now.Sub(lastProgress) >= r.cfg.ProgressEvery {
@@ -642,7 +661,7 @@ func (r *runner) confirmSubscribed() error {
 	}
 	if err := r.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), r.inbox) {
 		return fmt.Errorf("%w: this connection may not subscribe to its reply inbox %s.*, so no reply could reach it and nothing was published; "+
-			"use an inbox prefix it may read (SYS1_NATS_INBOX_PREFIX=_INBOX.<user>)", nats.ErrPermissionViolation, r.inbox)
+			"use an inbox prefix it may read (SYS1_NATS_INBOX_PREFIX=_INBOX.<user>; unset, sys1 batch uses _INBOX.<caller>: is --caller this NATS user?)", nats.ErrPermissionViolation, r.inbox)
 	}
 	return nil
 }
