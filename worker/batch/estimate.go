@@ -28,13 +28,21 @@ type Estimate struct {
 	Unavailable string  `json:"unavailable"` // why there is no estimate
 }
 
-// capability is what the estimate reads from a capabilities reply: the replica's provider
-// concurrency (SYS1_CONCURRENCY) and its recent provider latency, a number of milliseconds or
-// {"p50": ms}.
+// capability is what the estimate reads from a capabilities reply: the replica's id, its
+// provider concurrency (SYS1_CONCURRENCY) and its recent provider latency, a number of
+// milliseconds or {"p50": ms}.
 type capability struct {
+	Replica           string          `json:"replica"`
 	ID                string          `json:"id"`
 	Concurrency       int             `json:"concurrency"`
 	ProviderLatencyMS json.RawMessage `json:"provider_latency_ms"`
+}
+
+func (c capability) id() string {
+	if c.Replica != "" {
+		return c.Replica
+	}
+	return c.ID
 }
 
 func (c capability) latency() (float64, bool) {
@@ -69,21 +77,23 @@ func EstimateDuration(ctx context.Context, nc *nats.Conn, items int, wait time.D
 	}
 	caps := gather(ctx, nc, CapabilitiesSubject, wait)
 	var perSecond, latencySum float64
-	var conc int
+	var conc, concOnly int
 	seen := map[string]bool{}
 	for _, m := range caps {
 		var c capability
 		if json.Unmarshal(m.Data, &c) != nil {
 			continue
 		}
-		if c.ID != "" {
-			if seen[c.ID] {
+		if id := c.id(); id != "" {
+			if seen[id] {
 				continue
 			}
-			seen[c.ID] = true
-			ids[c.ID] = true
+			seen[id] = true
 		}
 		ms, ok := c.latency()
+		if c.Concurrency > 0 && !ok {
+			concOnly++
+		}
 		if !ok || c.Concurrency <= 0 {
 			continue
 		}
@@ -92,10 +102,15 @@ func EstimateDuration(ctx context.Context, nc *nats.Conn, items int, wait time.D
 		latencySum += ms
 		perSecond += float64(c.Concurrency) * 1000 / ms
 	}
-	est.Replicas = max(len(ids), len(caps))
+	// The ping's ids are the micro service's instance ids, capabilities' are replica ids: the
+	// two name the same replicas differently, so the larger count is the number of replicas.
+	est.Replicas = max(len(ids), len(seen), len(caps))
 	switch {
 	case est.Replicas == 0:
 		est.Unavailable = "no replica answered " + CapabilitiesSubject + " (no worker, or one without the capabilities endpoint): no estimate is possible"
+		return est
+	case est.Reporting == 0 && concOnly > 0:
+		est.Unavailable = fmt.Sprintf("%d replica(s) found; their capabilities give their concurrency but not their recent provider latency (provider_latency_ms): no estimate is possible", est.Replicas)
 		return est
 	case est.Reporting == 0:
 		est.Unavailable = fmt.Sprintf("%d replica(s) found, but none reported its concurrency and recent provider latency: no estimate is possible", est.Replicas)

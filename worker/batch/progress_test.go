@@ -116,14 +116,20 @@ func TestBatchEstimate(t *testing.T) {
 		rnc.QueueSubscribe(batch.CapabilitiesSubject, "q", func(m *nats.Msg) { m.Respond([]byte(caps)) })
 		rnc.Flush()
 	}
-	replica("r1", `{"id":"r1","version":"dev"}`)
+	replica("r1", `{"replica":"r1","version":"dev"}`)
 	if est := batch.EstimateDuration(context.Background(), nc, 1000, 300*time.Millisecond); !strings.Contains(est.Unavailable, "none reported") {
 		t.Errorf("replica without figures: %+v", est)
+	}
+	d = newDeployment(t)
+	nc = d.client(t, "svc")
+	replica("r1", `{"replica":"r1","concurrency":8}`) // what capabilities carries today
+	if est := batch.EstimateDuration(context.Background(), nc, 1000, 300*time.Millisecond); !strings.Contains(est.Unavailable, "not their recent provider latency") {
+		t.Errorf("replica without latency: %+v", est)
 	}
 	d2 := newDeployment(t)
 	d = d2
 	nc = d.client(t, "svc")
-	replica("r1", `{"id":"r1","concurrency":8,"provider_latency_ms":400}`)
+	replica("r1", `{"replica":"r1","concurrency":8,"provider_latency_ms":400}`)
 	replica("r2", `{"id":"r2","concurrency":8,"provider_latency_ms":{"p50":400}}`)
 	est := batch.EstimateDuration(context.Background(), nc, 1000, 300*time.Millisecond)
 	// Two replicas of 8 slots at 400 ms: 40 decisions/s, 1000 in 25 s (one answered the
