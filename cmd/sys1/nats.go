@@ -20,6 +20,12 @@ const defaultClientURL = "nats://127.0.0.1:4222"
 // settings (SYS1_NATS_*). Unlike the worker it never starts an embedded server, and it gives
 // up after a few seconds instead of waiting for NATS to appear.
 func dialClient(ctx context.Context, name string, logTo io.Writer) (*natsconn.Conn, error) {
+	return dialClientInbox(ctx, name, logTo, "")
+}
+
+// dialClientInbox is dialClient with the inbox prefix to use when SYS1_NATS_INBOX_PREFIX is
+// unset ("": nats.go's _INBOX).
+func dialClientInbox(ctx context.Context, name string, logTo io.Writer, defaultInbox string) (*natsconn.Conn, error) {
 	cfg := natsconn.DefaultConfig()
 	// Set before validation: a client's settings are those of a remote server (creds, nkey,
 	// TLS are fine; the embedded server's SYS1_NATS_LISTEN and SYS1_DATA_DIR do not apply).
@@ -29,6 +35,9 @@ func dialClient(ctx context.Context, name string, logTo io.Writer) (*natsconn.Co
 	}
 	if cfg.URL == "" {
 		cfg.URL = defaultClientURL
+	}
+	if cfg.InboxPrefix == "" {
+		cfg.InboxPrefix = defaultInbox
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
