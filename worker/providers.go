@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider"
@@ -44,7 +46,36 @@ type observed struct {
 func (o *observed) Evaluate(ctx context.Context, req *contract.Request) (*contract.Response, error) {
 	o.stats.providerStart()
 	defer o.stats.providerNow.Add(-1)
-	return o.Provider.Evaluate(ctx, req)
+	started := time.Now()
+	resp, err := o.Provider.Evaluate(ctx, req)
+	if err == nil {
+		o.stats.latency.observe(time.Since(started))
+	}
+	return resp, err
+}
+
+// ewma is a moving average of successful calls' latency (a weight of 1/16 per call), for
+// capabilities: what a batch's --dry-run estimates its time from.
+type ewma struct {
+	mu  sync.Mutex
+	avg float64 // milliseconds; 0 before the first call
+}
+
+func (e *ewma) observe(d time.Duration) {
+	ms := float64(d) / float64(time.Millisecond)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.avg == 0 {
+		e.avg = ms
+		return
+	}
+	e.avg += (ms - e.avg) / 16
+}
+
+func (e *ewma) value() float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.avg
 }
 
 // ModelDigest passes the provider's digest through (the cache keys on it).

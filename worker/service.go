@@ -86,9 +86,12 @@ type Capabilities struct {
 	AllowedModels  []string          `json:"allowed_models"`
 	Limits         Limits            `json:"limits"`
 	Concurrency    int               `json:"concurrency"`
-	MaxDeliver     int               `json:"max_deliver"`
-	ConsumerMax    int               `json:"consumer_max_deliver"`
-	AuthMode       string            `json:"auth_mode"`
+	// ProviderLatencyMS is the recent latency of this replica's successful provider calls (a
+	// moving average), 0 before the first.
+	ProviderLatencyMS float64 `json:"provider_latency_ms"`
+	MaxDeliver        int     `json:"max_deliver"`
+	ConsumerMax       int     `json:"consumer_max_deliver"`
+	AuthMode          string  `json:"auth_mode"`
 	// Calibration lists the temperature fits this replica applies.
 	Calibration []FitSummary `json:"calibration"`
 	// CallerLimits are the rules of SYS1_LIMITS_FILE in force, first match wins (sys1 status
@@ -288,7 +291,7 @@ func (w *Worker) Capabilities() Capabilities {
 			MaxImageRequestBytes: contract.MaxImageRequestBytes, MaxMessageBytes: w.opt.Topology.MaxMsgSize,
 			MaxStoredBytes: w.storeLimit(),
 		},
-		Concurrency: w.cfg.Concurrency, MaxDeliver: w.cfg.MaxDeliver, ConsumerMax: w.opt.Topology.ConsumerMaxDeliver,
+		Concurrency: w.cfg.Concurrency, ProviderLatencyMS: w.stats.latency.value(), MaxDeliver: w.cfg.MaxDeliver, ConsumerMax: w.opt.Topology.ConsumerMaxDeliver,
 		AuthMode:     w.opt.Auth.Mode(),
 		Schemas:      map[string]json.RawMessage{},
 		Calibration:  []FitSummary{},

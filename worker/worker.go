@@ -489,6 +489,7 @@ type stats struct {
 	retried       atomic.Int64
 	replayed      atomic.Int64
 	cacheHits     atomic.Int64
+	latency       ewma
 }
 
 // Stats is a snapshot of a replica's counters.

@@ -102,7 +102,9 @@ func runDecide(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 	}
 
-	conn, err := dialClient(ctx, "sys1 decide", stderr)
+	// Replies and JetStream acks come to _INBOX.<caller>.…, the inbox deploy/nats lets producer
+	// <caller> read and the worker answers (SYS1_NATS_INBOX_PREFIX overrides it).
+	conn, err := dialClientInbox(ctx, "sys1 decide", stderr, "_INBOX."+strings.TrimSpace(*caller))
 	if err != nil {
 		fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
 		return exitUsage
