@@ -32,8 +32,16 @@ func TestAnalystQueries(t *testing.T) {
 	labels := makeLabels(n)
 	e.publishLabels(t, labels)
 	s := e.startSink(t, e.cfg, nil)
-	waitFor(t, time.Minute, "the fixture to be stored", func() bool {
+	// Generous: on a loaded 2-core CI machine chDB can be slow; the stats say where it stood.
+	var last string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("sink stats when the wait ended: %s", last)
+		}
+	})
+	waitFor(t, 3*time.Minute, "the fixture to be stored", func() bool {
 		st := s.Stats()
+		last = fmt.Sprintf("%+v", st)
 		return st.Inserted == n && st.DeadLettered == 1 && st.Labels.Inserted == uint64(len(labels)) && e.consumerDrained(t) && e.labelsDrained(t)
 	})
 	s.stop(t)
