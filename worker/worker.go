@@ -61,6 +61,8 @@ type Worker struct {
 	cons jetstream.Consumer // used by the pull loop alone, which also replaces it (ensure)
 	// deadCons is the shared consumer of dead letters (deadletter.go); ensure replaces it.
 	deadCons atomic.Pointer[jetstream.Consumer]
+	// labelLoops are the consumers of SYS1_LABELS (labels.go, holds.go); ensure replaces them.
+	labelLoops labelLoops
 	// requests is the request stream, to tell whether a run's owning message still exists.
 	// JetStream handles are names, so this one stays valid when the stream is recreated.
 	requests jetstream.Stream
@@ -137,6 +139,9 @@ func (w *Worker) ensure(ctx context.Context) error {
 		return err
 	}
 	w.deadCons.Store(&dead)
+	if err := w.ensureLabelConsumers(ctx); err != nil {
+		return err
+	}
 	requests, err := w.opt.JS.Stream(ctx, w.opt.Topology.RequestsStream)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", w.opt.Topology.RequestsStream, err)
@@ -233,6 +238,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	var dead sync.WaitGroup
 	dead.Go(func() { w.deadLetters(ctx, runCtx) })
+	dead.Go(func() { w.labelSubmissions(ctx, runCtx) })
+	dead.Go(func() { w.heldReplies(ctx, runCtx) })
 	probed := w.chain.Start(ctx, w.cfg.ProbeInterval)
 	dead.Go(func() { w.watchFleet(ctx, w.cfg.StatusInterval) })
 	if stop, err := w.startService(); err != nil {
