@@ -3,7 +3,6 @@ package natsdeploy
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -327,7 +326,7 @@ func (b *browser) login(user, password string) string {
 	b.t.Helper()
 	res := b.post("/login", url.Values{"csrf": {b.csrf(b.get("/login").body)}, "user": {user}, "password": {password}})
 	if res.status != http.StatusSeeOther {
-		b.t.Fatal(fmt.Sprintf("login: %d\n%s", res.status, res.body))
+		b.t.Fatalf("login: %d\n%s", res.status, res.body)
 	}
 	return b.csrf(b.get("/").body)
 }
