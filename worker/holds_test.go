@@ -216,3 +216,33 @@ func TestHoldOfTwoQuestionsWaitsForBoth(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldLabelledWhileItsRunIsStillRunning: a label that arrives before its run's outcome
+// (and hold) is stored — the review item goes out first, and a quick reviewer or a script can
+// beat the store — waits for the run instead of being lost, and releases the reply once the
+// run has finished.
+func TestHoldLabelledWhileItsRunIsStillRunning(t *testing.T) {
+	h := newHarness(t)
+	h.start(subjectAuth(t), withPolicy(t, holdLabelPolicy))
+	h.fake.SetLatency(300 * time.Millisecond)
+	in := h.labelInbox("svc-a")
+	if _, err := h.cl.Publish(context.Background(), client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "early-1", ReplyTo: in.subject}); err != nil {
+		t.Fatal(err)
+	}
+	h.awaitInFlight(1) // the run has claimed its id and is calling the model
+	h.publishReviewLabel(reviewLabel("svc-a", "early-1", "label", `"zeta"`, "alice"))
+	m, err := in.sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("the early label did not release the run: %v", err)
+	}
+	rep, err := client.ParseReply(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := rep.Verdicts.Get("label"); v.Status != contract.VerdictReviewed || string(v.Label) != `"zeta"` {
+		t.Errorf("reply %s", rep.Raw)
+	}
+	if !strings.Contains(h.logs.String(), "the labelled run is still finishing") {
+		t.Error("the label did not arrive while the run was running; the test proves nothing")
+	}
+}

@@ -81,9 +81,10 @@ func (w *Worker) consumeLabels(ctx, runCtx context.Context, name string, cons *a
 	var goneSince time.Time
 	for ctx.Err() == nil {
 		// Bounded by time, not by ctx (see fetch): a pull cancelled mid-flight can strand
-		// messages until AckWait.
+		// messages until AckWait. Messages are handled one at a time and only the one in hand
+		// is kept alive (InProgress) while it retries, so a pull takes few.
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opt.FetchWait)
-		batch, err := (*cons.Load()).Fetch(16, jetstream.FetchContext(fctx))
+		batch, err := (*cons.Load()).Fetch(4, jetstream.FetchContext(fctx))
 		if err == nil {
 			for m := range batch.Messages() {
 				if ctx.Err() != nil {
