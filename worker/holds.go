@@ -29,8 +29,10 @@ import (
 //
 // Sending before saving means a crash in between loses nothing: the label comes back, finds
 // the question still held and sends the same reply again (replies are at least once, and a
-// durable reply's Nats-Msg-Id absorbs the copy within the dedupe window). Once saved, replays
-// of the run answer with the reviewed reply.
+// durable reply's Nats-Msg-Id absorbs the copy within the dedupe window). The same can happen
+// when one question's label is delivered twice at once (its ack wait ran out); the review page
+// gives each item one label, so a release normally sends one reply, and any copy is identical.
+// Once saved, replays of the run answer with the reviewed reply.
 //
 // Producer labels never release a hold: holding is a person's approval, and a producer could
 // otherwise approve its own runs. A label for a question that is not held, for a run that is
@@ -129,7 +131,8 @@ func (r *run) applyReview(ctx context.Context, l *contract.Label) error {
 		st.Reply, st.Held = body, held
 		_, err = w.gate.save(ctx, l.RunID, st, rev)
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
-			continue // another label of this run got there first: read it again
+			r.log.Debug().Msg("another label of this run changed its entry first; reading it again")
+			continue
 		}
 		if err != nil {
 			return fmt.Errorf("store the reviewed outcome: %w", err)
