@@ -73,7 +73,7 @@ func TestExamplesMatchSchemas(t *testing.T) {
 	schemas := compileSchemas(t)
 	for file, schema := range map[string]string{
 		"ticket.json": "request", "one.json": "request", "sixty-four.json": "request", "image.json": "request",
-		"reply.json": "reply", "reply-failed.json": "reply", "record.json": "record",
+		"reply.json": "reply", "reply-failed.json": "reply", "reply-held.json": "reply", "record.json": "record",
 		"review-item.json": "review-item", "label.json": "label", "label-reply.json": "label-reply",
 		"label-reply-rejected.json": "label-reply",
 	} {

@@ -48,12 +48,17 @@ type Calibrated struct {
 	Temperature   float64       `json:"temperature"`
 }
 
-// Review statuses of a run (the reply's and record's "review" field).
-const ReviewPending = "pending"
+// Review statuses of a run (the reply's and record's "review" field): pending while a
+// question waits for review; reviewed on the reply a hold (review: hold) released once every
+// held question was labelled.
+const (
+	ReviewPending  = "pending"
+	ReviewReviewed = "reviewed"
+)
 
 // ReviewRef says that a run sent at least one question to human review.
 type ReviewRef struct {
-	Status string `json:"status"` // "pending"
+	Status string `json:"status"` // "pending" or "reviewed"
 	Item   string `json:"item"`   // the first review item's id
 }
 

@@ -175,7 +175,9 @@ func (g gate) save(ctx context.Context, runID string, st *runState, rev uint64) 
 		key = GateKey(runID)
 	}
 	newRev, err := g.kv.Update(ctx, key, val, rev)
-	if errors.Is(err, jetstream.ErrKeyExists) {
+	// A revision conflict reads as ErrKeyExists on one server and as ErrKeyRevisionMismatch
+	// on replicated buckets.
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		// The revision moved on. When an earlier try of this very write landed but its answer
 		// was lost (a timeout during a leader election), the entry holds what we meant to
 		// write: that is success, not a conflict.

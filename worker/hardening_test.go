@@ -26,11 +26,9 @@ const tinyPNG = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAEElEQVR4nGP4z8A
 func bigRequest(t *testing.T, stateBytes, options, keyBytes int, tag string) []byte {
 	t.Helper()
 	criteria := map[string]string{}
-	var keys []string
 	for i := range options {
 		k := fmt.Sprintf("%c%s", 'a'+i, strings.Repeat("k", keyBytes-1))
 		criteria[k] = "option " + k[:1]
-		keys = append(keys, k)
 	}
 	body := map[string]any{
 		"state": tag + strings.Repeat("s", stateBytes),

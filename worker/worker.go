@@ -76,6 +76,8 @@ type Worker struct {
 	batchInFlight atomic.Int64
 	// deadCons is the shared consumer of dead letters (deadletter.go); ensure replaces it.
 	deadCons atomic.Pointer[jetstream.Consumer]
+	// labelLoops are the consumers of SYS1_LABELS (labels.go, holds.go); ensure replaces them.
+	labelLoops labelLoops
 	// requests is the request stream, to tell whether a run's owning message still exists.
 	// JetStream handles are names, so this one stays valid when the stream is recreated.
 	requests jetstream.Stream
@@ -168,6 +170,9 @@ func (w *Worker) ensure(ctx context.Context) error {
 		return err
 	}
 	w.deadCons.Store(&dead)
+	if err := w.ensureLabelConsumers(ctx); err != nil {
+		return err
+	}
 	requests, err := w.opt.JS.Stream(ctx, w.opt.Topology.RequestsStream)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", w.opt.Topology.RequestsStream, err)
@@ -316,6 +321,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	maxBatch := max(int64(math.Floor(w.cfg.BatchMaxShare*float64(cap(slots)))), 1)
 	var dead sync.WaitGroup
 	dead.Go(func() { w.deadLetters(ctx, runCtx) })
+	dead.Go(func() { w.labelSubmissions(ctx, runCtx) })
+	dead.Go(func() { w.heldReplies(ctx, runCtx) })
 	probed := w.chain.Start(ctx, w.cfg.ProbeInterval)
 	dead.Go(func() { w.watchFleet(ctx, w.cfg.StatusInterval) })
 	if stop, err := w.startService(); err != nil {

@@ -15,6 +15,7 @@ func TestKubernetesManifestsMatchTheServerConfig(t *testing.T) {
 	for name, pw := range map[string]string{
 		"SYS1_NATS_WORKER_PASSWORD": passwords["sys1-worker"], "SYS1_NATS_SINK_PASSWORD": passwords["sys1-sink"],
 		"SYS1_NATS_SVC_A_PASSWORD": passwords["svc-a"], "SYS1_NATS_SVC_B_PASSWORD": passwords["svc-b"],
+		"SYS1_NATS_REVIEW_PASSWORD": passwords["sys1-review"],
 	} {
 		t.Setenv(name, pw)
 	}

@@ -23,7 +23,7 @@ import (
 const negativeWait = 300 * time.Millisecond
 
 var passwords = map[string]string{
-	"sys1-worker": "worker-pw-ab12", "sys1-sink": "sink-pw-cd34",
+	"sys1-worker": "worker-pw-ab12", "sys1-sink": "sink-pw-cd34", "sys1-review": "review-pw-ij90",
 	"svc-a": "svc-a-pw-ef56", "svc-b": "svc-b-pw-gh78",
 }
 
@@ -33,6 +33,7 @@ func startFromFile(t *testing.T) *server.Server {
 	t.Helper()
 	t.Setenv("SYS1_NATS_WORKER_PASSWORD", passwords["sys1-worker"])
 	t.Setenv("SYS1_NATS_SINK_PASSWORD", passwords["sys1-sink"])
+	t.Setenv("SYS1_NATS_REVIEW_PASSWORD", passwords["sys1-review"])
 	t.Setenv("SYS1_NATS_SVC_A_PASSWORD", passwords["svc-a"])
 	t.Setenv("SYS1_NATS_SVC_B_PASSWORD", passwords["svc-b"])
 	s, err := natsconn.StartEmbedded(natsconn.EmbeddedOptions{ConfigFile: "nats-server.conf", Port: -1, StoreDir: t.TempDir()})

@@ -70,6 +70,9 @@ type Config struct {
 	// even when no worker was listening at that moment.
 	DeadLetterStream   string `env:"SYS1_DEAD_LETTER_STREAM" envDefault:"SYS1_DEAD_LETTERS"`
 	DeadLetterConsumer string `env:"SYS1_DEAD_LETTER_CONSUMER" envDefault:"sys1-dead-letter"`
+	// HoldsConsumer is the workers' consumer of accepted labels: a reviewer's label releases
+	// the reply of a run held for it (review: hold).
+	HoldsConsumer string `env:"SYS1_HOLDS_CONSUMER" envDefault:"sys1-worker-holds"`
 	// ConsumerMaxDeliver bounds the deliveries of one request message on the request
 	// consumers. It must exceed SYS1_MAX_DELIVER: the worker answers a run whose provider
 	// keeps failing after SYS1_MAX_DELIVER deliveries itself; this is the backstop for
@@ -114,7 +117,7 @@ func (c *Config) Validate() []error {
 		{"SYS1_SINK_LABELS_CONSUMER", c.SinkLabelsConsumer}, {"SYS1_REVIEW_BUCKET", c.ReviewBucket},
 		{"SYS1_CALIBRATION_BUCKET", c.CalibrationBucket}, {"SYS1_CACHE_BUCKET", c.CacheBucket},
 		{"SYS1_LIMITS_BUCKET", c.LimitsBucket}, {"SYS1_DEAD_LETTER_STREAM", c.DeadLetterStream},
-		{"SYS1_DEAD_LETTER_CONSUMER", c.DeadLetterConsumer},
+		{"SYS1_DEAD_LETTER_CONSUMER", c.DeadLetterConsumer}, {"SYS1_HOLDS_CONSUMER", c.HoldsConsumer},
 	} {
 		if !validName(f.v) {
 			errs = append(errs, fmt.Errorf("%s: %q is not a valid JetStream name (letters, digits, - and _ only)", f.name, f.v))
@@ -167,7 +170,7 @@ func Default() Config {
 		RequestsStream: "SYS1_REQUESTS", RunsStream: "SYS1_RUNS", RepliesStream: "SYS1_REPLIES",
 		ReviewStream: "SYS1_REVIEW", LabelsStream: "SYS1_LABELS",
 		WorkerConsumer: "sys1-worker", BatchConsumer: "sys1-worker-batch", SinkConsumer: "sys1-sink",
-		LabelsConsumer: "sys1-labels", SinkLabelsConsumer: "sys1-sink-labels",
+		LabelsConsumer: "sys1-labels", SinkLabelsConsumer: "sys1-sink-labels", HoldsConsumer: "sys1-worker-holds",
 		RunsBucket: "sys1-runs", ReviewBucket: "sys1-review", CalibrationBucket: "sys1-calibration",
 		CacheBucket: "sys1-cache", LimitsBucket: "sys1-limits",
 		DeadLetterStream: "SYS1_DEAD_LETTERS", DeadLetterConsumer: "sys1-dead-letter", ConsumerMaxDeliver: 100,
@@ -347,6 +350,44 @@ func (c Config) SinkLabelsConsumerConfig(ackWait time.Duration, maxAckPending in
 		MaxAckPending:  maxAckPending,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		Replicas:       c.Replicas,
+	}
+}
+
+// LabelsConsumerConfig is the durable pull consumer every worker replica shares to check the
+// labels producers submit (sys1.labels.<caller>: exactly one token, so neither the checked
+// labels under it nor anything deeper) against their runs. MaxDeliver is bounded like the
+// request consumers': a label that cannot be checked for NATS or KV trouble is retried with a
+// growing delay, and its last delivery is answered with the error.
+func (c Config) LabelsConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       c.LabelsConsumer,
+		Description:   "sys1 worker replicas (shared): labels submitted by producers, checked against their runs",
+		FilterSubject: LabelsSubmitted,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.AckWait,
+		MaxDeliver:    c.ConsumerMaxDeliver,
+		MaxAckPending: c.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		Replicas:      c.Replicas,
+	}
+}
+
+// HoldsConsumerConfig is the durable pull consumer every worker replica shares to release
+// held replies (review: hold) as reviewers' labels are accepted (sys1.labels.*.accepted).
+// Every label that cannot release anything is acked at once; only NATS or KV trouble, or a
+// run still finishing, makes one come back, so deliveries are not bounded: giving up would
+// withhold a producer's reply for good.
+func (c Config) HoldsConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       c.HoldsConsumer,
+		Description:   "sys1 worker replicas (shared): accepted labels that release held replies",
+		FilterSubject: LabelsAccepted,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: c.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		Replicas:      c.Replicas,
 	}
 }
 
@@ -634,6 +675,25 @@ func EnsureSinkLabelsConsumer(ctx context.Context, js jetstream.JetStream, c Con
 	cons, err := js.CreateOrUpdateConsumer(ctx, c.LabelsStream, c.SinkLabelsConsumerConfig(ackWait, maxAckPending))
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.SinkLabelsConsumer, c.LabelsStream, err)
+	}
+	return cons, nil
+}
+
+// EnsureLabelsConsumer creates or updates the workers' consumer of submitted labels.
+func EnsureLabelsConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.LabelsStream, c.LabelsConsumerConfig())
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.LabelsConsumer, c.LabelsStream, err)
+	}
+	return cons, nil
+}
+
+// EnsureHoldsConsumer creates or updates the workers' consumer of accepted labels, which
+// releases held replies.
+func EnsureHoldsConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.LabelsStream, c.HoldsConsumerConfig())
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.HoldsConsumer, c.LabelsStream, err)
 	}
 	return cons, nil
 }

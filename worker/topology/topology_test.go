@@ -235,3 +235,61 @@ func TestPauseSurvivesEnsureAndResumeClearsIt(t *testing.T) {
 		t.Fatalf("still paused: %+v", i)
 	}
 }
+
+// TestLabelConsumersSeeTheirOwnLabels: the workers' label consumer gets submissions only
+// (sys1.labels.<caller>, never the checked labels under it), the holds consumer accepted
+// labels only; both are shared durables, ensured idempotently.
+func TestLabelConsumersSeeTheirOwnLabels(t *testing.T) {
+	js := jetStream(t)
+	ctx := context.Background()
+	cfg := topology.Default()
+	if _, err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var labels, holds jetstream.Consumer
+	for range 2 {
+		var err error
+		if labels, err = topology.EnsureLabelsConsumer(ctx, js, cfg); err != nil {
+			t.Fatalf("EnsureLabelsConsumer: %v", err)
+		}
+		if holds, err = topology.EnsureHoldsConsumer(ctx, js, cfg); err != nil {
+			t.Fatalf("EnsureHoldsConsumer: %v", err)
+		}
+	}
+	for _, subj := range []string{"sys1.labels.svc-a", "sys1.labels.svc-a.accepted", "sys1.labels.svc-a.rejected", "sys1.labels.svc-b", "sys1.labels.svc-b.accepted"} {
+		if _, err := js.Publish(ctx, subj, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := func(c jetstream.Consumer) []string {
+		t.Helper()
+		var out []string
+		batch, err := c.Fetch(10, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			out = append(out, m.Subject())
+			_ = m.Ack()
+		}
+		return out
+	}
+	if s := got(labels); !slices.Equal(s, []string{"sys1.labels.svc-a", "sys1.labels.svc-b"}) {
+		t.Errorf("%s got %v, want the submissions only", cfg.LabelsConsumer, s)
+	}
+	if s := got(holds); !slices.Equal(s, []string{"sys1.labels.svc-a.accepted", "sys1.labels.svc-b.accepted"}) {
+		t.Errorf("%s got %v, want the accepted labels only", cfg.HoldsConsumer, s)
+	}
+	lc, hc := labels.CachedInfo().Config, holds.CachedInfo().Config
+	if lc.Durable != "sys1-labels" || lc.MaxDeliver != cfg.ConsumerMaxDeliver || lc.AckPolicy != jetstream.AckExplicitPolicy {
+		t.Errorf("labels consumer %+v", lc)
+	}
+	if hc.Durable != "sys1-worker-holds" || hc.MaxDeliver != -1 || hc.AckPolicy != jetstream.AckExplicitPolicy {
+		t.Errorf("holds consumer %+v", hc)
+	}
+	bad := cfg
+	bad.HoldsConsumer = "no.dots"
+	if errs := bad.Validate(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "SYS1_HOLDS_CONSUMER") {
+		t.Errorf("Validate: %v", errs)
+	}
+}
