@@ -566,9 +566,16 @@ func (s *Server) hold(until time.Time) bool {
 	}
 }
 
+// maxLateness bounds one lateness sample. Timers run late by up to about a millisecond on
+// a loaded machine; a longer delay is the goroutine being descheduled, which says nothing
+// about the next timer. Unbounded, one stall longer than the waits themselves would make
+// every later wait end at once, and with no wait left to sample the average never recovered.
+const maxLateness = 2 * time.Millisecond
+
 // noteLateness folds one timer's lateness into the recent average: an exponentially
-// weighted average (1/16 of each new sample), never negative.
+// weighted average (1/16 of each new sample, each at most maxLateness), never negative.
 func (s *Server) noteLateness(late time.Duration) {
+	late = min(late, maxLateness)
 	for {
 		old := s.lateness.Load()
 		next := max(old+(int64(late)-old)/16, 0)
