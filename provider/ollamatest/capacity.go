@@ -86,20 +86,21 @@ func WithCapacity(c Capacity) Option {
 // counts /v1/systemone calls that reached the queue (valid requests for a known model).
 type QueueStats struct {
 	// Waiting is the number of calls queued for a slot now; MaxWaiting the most ever.
-	Waiting, MaxWaiting int
+	Waiting    int `json:"waiting"`
+	MaxWaiting int `json:"max_waiting"`
 	// Serving is the number of slots busy now.
-	Serving int
+	Serving int `json:"serving"`
 	// Served counts calls answered after their service.
-	Served int64
+	Served int64 `json:"served"`
 	// Wasted counts calls served to the end after their client had gone (timed out or
 	// cancelled): slot time that produced nothing.
-	Wasted int64
+	Wasted int64 `json:"wasted"`
 	// Abandoned counts calls whose client gave up while they waited; they cost no slot time.
-	Abandoned int64
+	Abandoned int64 `json:"abandoned"`
 	// Rejected counts calls answered 503 because MaxQueue calls were already waiting.
-	Rejected int64
+	Rejected int64 `json:"rejected"`
 	// ServiceTime is the slot time spent, summed over Served and Wasted calls.
-	ServiceTime time.Duration
+	ServiceTime time.Duration `json:"service_time_ns"`
 }
 
 // Queue returns the serving model's counters; zero without WithCapacity.
