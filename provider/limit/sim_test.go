@@ -29,6 +29,9 @@ type simConfig struct {
 	duration   time.Duration
 	warmup     time.Duration // results before it are left out of the figures
 	sizes      func(replica int, n int) float64
+	// costError, when set, multiplies a call's service time: how far the size the limiter
+	// is told is from what the call really costs.
+	costError func(replica int, n int) float64
 	// start delays each replica's first call (a replica joining late).
 	start func(replica int) time.Duration
 	// trace, when set, is called every traceEvery with the calls at the server and queued.
@@ -194,8 +197,12 @@ func simulate(cfg simConfig, newLimiter func() limit.Limiter) simResult {
 			if cfg.sizes != nil {
 				size = cfg.sizes(i, r.seq)
 			}
+			service := cfg.server.service(size)
+			if cfg.costError != nil {
+				service = time.Duration(float64(service) * cfg.costError(i, r.seq))
+			}
 			r.seq++
-			c := &simCall{rep: i, size: size, tok: tok, sent: now, service: cfg.server.service(size)}
+			c := &simCall{rep: i, size: size, tok: tok, sent: now, service: service}
 			queue = append(queue, c)
 			push(now+cfg.timeout, evTimeout, c, i)
 		}
