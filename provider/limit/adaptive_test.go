@@ -50,6 +50,9 @@ func drive(t *testing.T, a *limit.Adaptive, n int, res func(i int) limit.Result)
 	return hi, lo
 }
 
+// near compares durations computed in floating point.
+func near(a, b time.Duration) bool { return (a - b).Abs() < time.Microsecond }
+
 func flat(d time.Duration) func(int) limit.Result {
 	return func(int) limit.Result { return limit.Result{Latency: d, Size: 1} }
 }
@@ -92,7 +95,7 @@ func TestAdaptiveShrinksWhenLatencyGrowsAndNeverBelowMin(t *testing.T) {
 	if a.Limit() >= before || a.Limit() != 2 || lo < 2 {
 		t.Fatalf("limit %d → %d (lowest %d), want a decrease to Min 2 and never below", before, a.Limit(), lo)
 	}
-	if st := a.Stats(); st.Decreases == 0 || st.Baseline != 10*time.Millisecond {
+	if st := a.Stats(); st.Decreases == 0 || !near(st.Baseline, 10*time.Millisecond) {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -171,7 +174,7 @@ func TestAdaptiveNormalisesLatencyBySize(t *testing.T) {
 	drive(t, c, 200, func(i int) limit.Result {
 		return limit.Result{Latency: 10 * time.Millisecond, Size: []float64{0, -3, math.NaN(), math.Inf(1)}[i%4]}
 	})
-	if st := c.Stats(); st.Baseline != 10*time.Millisecond {
+	if st := c.Stats(); !near(st.Baseline, 10*time.Millisecond) {
 		t.Fatalf("bad sizes: baseline %s, want 10ms a unit", st.Baseline)
 	}
 }
@@ -188,7 +191,7 @@ func TestAdaptiveRelearnsALastingSlowerProvider(t *testing.T) {
 		hi, lo = max(hi, h), min(lo, l)
 	}
 	st := a.Stats()
-	if lo != 1 || a.Limit() != 4 || st.Relearnt == 0 || st.Baseline != 30*time.Millisecond {
+	if lo != 1 || a.Limit() != 4 || st.Relearnt == 0 || !near(st.Baseline, 30*time.Millisecond) {
 		t.Fatalf("lowest %d, limit %d, stats %+v; want a fall to 1, a relearnt 30ms baseline and Max again", lo, a.Limit(), st)
 	}
 }

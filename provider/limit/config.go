@@ -63,7 +63,7 @@ func DefaultAdaptiveConfig(maxConcurrency int) AdaptiveConfig {
 	return AdaptiveConfig{
 		Min: 1, Max: maxConcurrency, Initial: 1,
 		Tolerance: 1.2, Increase: 0.25, DropBackoff: 0.5,
-		Window: 4, StaleWindows: 64,
+		Window: 6, StaleWindows: 64,
 	}
 }
 
