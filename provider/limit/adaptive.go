@@ -18,6 +18,9 @@ import (
 //     nothing about more).
 //   - Beyond it the limit shrinks to limit × baseline ÷ latency, at most halving: the
 //     gradient, so a long queue is shed fast and a short one gently.
+//   - Half a window slower than Tolerance² × baseline shrinks it the same way without
+//     waiting for the rest: at a low limit a window takes many round trips to fill, too
+//     slow to catch a burst of queueing (several neighbours stepping up together).
 //   - A drop (429/503, a timeout) multiplies it by DropBackoff at once.
 //
 // Additive increase with multiplicative decrease is what makes independent limiters that
@@ -63,6 +66,7 @@ type waiter struct {
 // window accumulates the results of one evaluation round.
 type window struct {
 	want        int     // results that close it
+	last        float64 // the latest result's latency per unit
 	latency     float64 // seconds, summed
 	size        float64 // summed
 	n           int
@@ -204,7 +208,7 @@ func (a *Adaptive) release(epoch uint64, r Result) {
 		return
 	case r.Dropped:
 		a.stats.Drops++
-		if epoch == a.epoch && a.effective() > a.cfg.Min {
+		if epoch == a.epoch && a.limit > float64(a.cfg.Min) {
 			a.decreaseLocked(a.cfg.DropBackoff)
 		}
 		return
@@ -219,7 +223,16 @@ func (a *Adaptive) release(epoch uint64, r Result) {
 	w.latency += r.Latency.Seconds()
 	w.size += size
 	w.n++
+	w.last = r.Latency.Seconds() / size
 	if w.n < max(w.want, a.effective()) {
+		// Half a window far slower than the baseline shrinks the limit at once: at a low
+		// limit a window takes many round trips to fill, too slow to catch a burst of
+		// queueing (neighbours stepping up together). Half, because one call that waited
+		// for a single slot is already twice as slow as the service itself.
+		if perUnit := w.latency / w.size; a.baseline > 0 && 2*w.n >= a.cfg.Window &&
+			perUnit > a.cfg.Tolerance*a.cfg.Tolerance*a.baseline && a.limit > float64(a.cfg.Min) {
+			a.decreaseLocked(max(a.baseline/perUnit, 0.5))
+		}
 		return
 	}
 	a.closeWindowLocked()
@@ -252,9 +265,12 @@ func (a *Adaptive) closeWindowLocked() {
 	}
 	switch {
 	case gradient < 1:
-		if a.effective() > a.cfg.Min {
+		if a.limit > float64(a.cfg.Min) {
 			a.decreaseLocked(max(gradient, 0.5))
 		}
+	case w.last > a.cfg.Tolerance*a.baseline:
+		// The window was fine on average but its latest call already queued: a neighbour
+		// has just stepped up. Growing now would have every replica step up together.
 	case w.maxInFlight >= a.effective() && a.effective() < a.cfg.Max:
 		a.limit = min(a.limit+a.cfg.Increase, float64(a.cfg.Max))
 		a.stats.Increases++
