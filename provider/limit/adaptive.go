@@ -14,7 +14,8 @@ import (
 // unit with it:
 //
 //   - Within Tolerance × baseline the provider is not queueing (much): the limit grows by
-//     Increase, if the window used it (a limiter whose calls never reach the limit has learnt
+//     about Increase (a random 0.5–1.5×, so replicas started together drift apart), if the
+//     window used it (a limiter whose calls never reach the limit has learnt
 //     nothing about more).
 //   - Beyond it the limit shrinks to limit × baseline ÷ latency, at most halving: the
 //     gradient, so a long queue is shed fast and a short one gently.
@@ -272,7 +273,9 @@ func (a *Adaptive) closeWindowLocked() {
 		// The window was fine on average but its latest call already queued: a neighbour
 		// has just stepped up. Growing now would have every replica step up together.
 	case w.maxInFlight >= a.effective() && a.effective() < a.cfg.Max:
-		a.limit = min(a.limit+a.cfg.Increase, float64(a.cfg.Max))
+		// A step of 0.5 to 1.5 × Increase: replicas started together would otherwise reach
+		// the next whole limit in the same round and all step up at once.
+		a.limit = min(a.limit+a.cfg.Increase*(0.5+a.rng.Float64()), float64(a.cfg.Max))
 		a.stats.Increases++
 		a.stats.Limit = a.limit
 	}

@@ -328,3 +328,14 @@ func TestNewAndParseMode(t *testing.T) {
 		t.Fatal("an unknown mode built a limiter")
 	}
 }
+
+func TestCallSize(t *testing.T) {
+	for _, tc := range []struct {
+		questions, state int
+		want             float64
+	}{{64, 1024, 128}, {1, 0, 1}, {8, 512, 12}, {0, -5, 1}, {4, 4096, 20}} {
+		if got := limit.CallSize(tc.questions, tc.state); got != tc.want {
+			t.Errorf("CallSize(%d, %d) = %g, want %g", tc.questions, tc.state, got, tc.want)
+		}
+	}
+}

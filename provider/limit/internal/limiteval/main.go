@@ -80,11 +80,8 @@ type request struct {
 	stateBytes int
 }
 
-// size is what the worker would pass as limit.Result.Size: questions × (1 + state KiB), a
-// question costing about what a KiB of state does.
-func (r request) size() float64 {
-	return float64(r.questions) * (1 + float64(r.stateBytes)/1024)
-}
+// size is what the worker would pass as limit.Result.Size (limit.CallSize).
+func (r request) size() float64 { return limit.CallSize(r.questions, r.stateBytes) }
 
 func makeRequest(questions, stateBytes int) (request, error) {
 	var qs []string
