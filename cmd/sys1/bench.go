@@ -15,6 +15,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider/ollamatest"
 	"github.com/sys1hq/sys1/worker/loadtest"
 )
 
@@ -34,7 +36,10 @@ nats://127.0.0.1:4222, and SYS1_NATS_*). Pass --metrics-url with the workers' /m
 
 With --self it starts, in this process, an embedded NATS server (temporary store), --replicas
 worker replicas with --concurrency each, and a fake Ollama answering in --provider-latency, so
-the worker's own overhead can be measured anywhere. See deploy/performance.md.
+the worker's own overhead can be measured anywhere. With --provider-slots N the fake serves
+like one real Ollama instead: N calls at once, an unbounded FIFO queue behind them (no 503,
+as for a loaded model) and a service time of --provider-latency + questions ×
+(--provider-per-question + --provider-per-kib × state KiB). See deploy/performance.md.
 
 Exit status: 0 when every run succeeded, 1 when any failed, went unanswered or could not be
 published, 2 on usage or connection errors.
@@ -59,6 +64,9 @@ type benchFlags struct {
 	concurrency     int
 	fetchBatch      int
 	providerLatency time.Duration
+	providerSlots   int
+	perQuestion     time.Duration
+	perKiB          time.Duration
 	preload         bool
 	hold            bool
 	cpuProfile      string
@@ -94,7 +102,10 @@ func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, 
 	fs.IntVar(&f.replicas, "replicas", 1, "--self: worker replicas (0: NATS and the fake only, for workers run separately; their URLs go to stderr)")
 	fs.IntVar(&f.concurrency, "concurrency", 64, "--self: SYS1_CONCURRENCY of each replica")
 	fs.IntVar(&f.fetchBatch, "fetch-batch", 0, "--self: SYS1_FETCH_BATCH of each replica (0 = the worker's default)")
-	fs.DurationVar(&f.providerLatency, "provider-latency", 20*time.Millisecond, "--self: the fake Ollama's latency per call")
+	fs.DurationVar(&f.providerLatency, "provider-latency", 20*time.Millisecond, "--self: the fake Ollama's latency per call (with --provider-slots: the base service time)")
+	fs.IntVar(&f.providerSlots, "provider-slots", 0, "--self: serve like one real Ollama with this many slots and an unbounded queue (0 = every call at once)")
+	fs.DurationVar(&f.perQuestion, "provider-per-question", 0, "--self --provider-slots: service time added per question")
+	fs.DurationVar(&f.perKiB, "provider-per-kib", 0, "--self --provider-slots: service time added per question per KiB of state")
 	fs.BoolVar(&f.preload, "preload", false, "--self: publish every request before starting the workers (a backlog), then time the drain")
 	fs.BoolVar(&f.hold, "hold", false, "--self: after the report, keep the NATS server up (its URL on stderr) until interrupted")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the run (generator and, with --self, the workers) to this file")
@@ -163,7 +174,8 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 		log := zerolog.New(stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()
 		self, err = loadtest.StartSelf(ctx, loadtest.SelfOptions{
 			Replicas: f.replicas, Concurrency: f.concurrency, FetchBatch: f.fetchBatch,
-			ProviderLatency: f.providerLatency, Logger: log,
+			ProviderLatency: f.providerLatency, ProviderSlots: f.providerSlots,
+			ProviderPerQuestion: f.perQuestion, ProviderPerStateKiB: f.perKiB, Logger: log,
 		})
 		if err != nil {
 			fmt.Fprintf(stderr, "sys1 bench: --self: %v\n", err)
@@ -229,7 +241,19 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 	}
 
 	out := benchOutput{Setup: f.setup(body), Report: rep}
-	if f.self && f.providerLatency > 0 && f.replicas > 0 {
+	capacity, realistic := ollamatest.Capacity{}, false
+	if f.self {
+		capacity, realistic = self.ProviderCapacity()
+	}
+	if realistic && f.replicas > 0 {
+		// The provider bound: its slots busy with the template's service time.
+		if svc := templateService(capacity, body); svc > 0 {
+			out.ProviderBound = float64(capacity.Slots) / svc.Seconds()
+			out.Efficiency = rep.Throughput / out.ProviderBound
+		}
+		q := self.ProviderQueue()
+		out.ProviderQueue = &q
+	} else if f.self && f.providerLatency > 0 && f.replicas > 0 {
 		// The provider bound: every replica's slots busy with calls that take providerLatency.
 		bound := float64(f.replicas*f.concurrency) / f.providerLatency.Seconds()
 		out.ProviderBound = bound
@@ -240,7 +264,11 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 		// the run's window and the slots (exact, where the attempts' latency_ms is rounded
 		// down to whole milliseconds), whatever the provider's overhead on its nominal latency.
 		busy := self.ProviderBusy()
-		out.ProviderUtilisation = busy.Seconds() / (rep.ElapsedMS / 1000) / float64(f.replicas*f.concurrency)
+		slots := f.replicas * f.concurrency
+		if realistic {
+			slots = capacity.Slots // busy time is slot time only
+		}
+		out.ProviderUtilisation = busy.Seconds() / (rep.ElapsedMS / 1000) / float64(slots)
 		var calls int64
 		for _, st := range self.Stats() {
 			calls += st.ProviderCalls
@@ -265,7 +293,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 }
 
 // selfOnly are the flags that only mean something with --self.
-var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "provider-latency", "preload", "hold", "mem-sample"}
+var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "provider-latency", "provider-slots", "provider-per-question", "provider-per-kib", "preload", "hold", "mem-sample"}
 
 // check validates the flags; set holds the names given on the command line.
 func (f *benchFlags) check(set map[string]bool) error {
@@ -308,6 +336,20 @@ func (f *benchFlags) check(set map[string]bool) error {
 	if f.preload && (f.n == 0 || f.duration > 0) {
 		errs = append(errs, errors.New("--preload needs -n (a fixed backlog) and no --duration"))
 	}
+	if f.providerSlots < 0 {
+		errs = append(errs, fmt.Errorf("--provider-slots must not be negative, got %d", f.providerSlots))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"provider-per-question", f.perQuestion}, {"provider-per-kib", f.perKiB}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("--%s must not be negative, got %s", d.name, d.v))
+		}
+		if set[d.name] && f.providerSlots == 0 {
+			errs = append(errs, fmt.Errorf("--%s needs --provider-slots", d.name))
+		}
+	}
 	if f.memSample <= 0 {
 		errs = append(errs, fmt.Errorf("--mem-sample must be positive, got %s", f.memSample))
 	}
@@ -326,7 +368,11 @@ type benchSetup struct {
 	Replicas          int     `json:"replicas,omitempty"`
 	Concurrency       int     `json:"concurrency,omitempty"`
 	ProviderLatencyMS float64 `json:"provider_latency_ms,omitempty"`
-	Preload           bool    `json:"preload,omitempty"`
+	// ProviderSlots and the per-question and per-KiB costs describe the realistic fake.
+	ProviderSlots         int     `json:"provider_slots,omitempty"`
+	ProviderPerQuestionMS float64 `json:"provider_per_question_ms,omitempty"`
+	ProviderPerKiBMS      float64 `json:"provider_per_kib_ms,omitempty"`
+	Preload               bool    `json:"preload,omitempty"`
 }
 
 func (f *benchFlags) setup(body []byte) benchSetup {
@@ -337,6 +383,9 @@ func (f *benchFlags) setup(body []byte) benchSetup {
 	if f.self {
 		s.Replicas, s.Concurrency, s.Preload = f.replicas, f.concurrency, f.preload
 		s.ProviderLatencyMS = float64(f.providerLatency.Microseconds()) / 1000
+		s.ProviderSlots = f.providerSlots
+		s.ProviderPerQuestionMS = float64(f.perQuestion.Microseconds()) / 1000
+		s.ProviderPerKiBMS = float64(f.perKiB.Microseconds()) / 1000
 	}
 	return s
 }
@@ -344,8 +393,9 @@ func (f *benchFlags) setup(body []byte) benchSetup {
 type benchOutput struct {
 	Setup  benchSetup       `json:"setup"`
 	Report *loadtest.Report `json:"report"`
-	// ProviderBound is replicas × concurrency ÷ provider latency (--self with a latency);
-	// Efficiency is the achieved throughput over it.
+	// ProviderBound is replicas × concurrency ÷ provider latency (--self with a latency),
+	// or with --provider-slots the slots ÷ the template's service time; Efficiency is the
+	// achieved throughput over it.
 	ProviderBound float64 `json:"provider_bound_per_s,omitempty"`
 	Efficiency    float64 `json:"efficiency,omitempty"`
 	// ProviderUtilisation is the average share of the provider slots (replicas × concurrency)
@@ -355,6 +405,8 @@ type benchOutput struct {
 	// --provider-latency it is the provider's own overhead, which efficiency counts and
 	// utilisation does not.
 	ProviderMeanCallMS float64 `json:"provider_mean_call_ms,omitempty"`
+	// ProviderQueue is the realistic fake's queue counters (--provider-slots).
+	ProviderQueue *ollamatest.QueueStats `json:"provider_queue,omitempty"`
 }
 
 func (o benchOutput) write(w io.Writer, asJSON bool) error {
@@ -371,6 +423,9 @@ func (o benchOutput) write(w io.Writer, asJSON bool) error {
 	fmt.Fprintf(w, "sys1 bench: template %s (%d bytes), %d producers, rate %s", s.Template, s.RequestBytes, s.Producers, target)
 	if s.Self {
 		fmt.Fprintf(w, "; in-process: %d replica(s) × concurrency %d, provider latency %gms", s.Replicas, s.Concurrency, s.ProviderLatencyMS)
+		if s.ProviderSlots > 0 {
+			fmt.Fprintf(w, " + %gms a question + %gms a question per KiB of state, %d slot(s), unbounded queue", s.ProviderPerQuestionMS, s.ProviderPerKiBMS, s.ProviderSlots)
+		}
 		if s.Preload {
 			fmt.Fprint(w, ", preloaded backlog")
 		}
@@ -379,13 +434,28 @@ func (o benchOutput) write(w io.Writer, asJSON bool) error {
 	if err := o.Report.WriteText(w); err != nil {
 		return err
 	}
-	if o.ProviderBound > 0 {
+	switch {
+	case o.ProviderBound > 0 && s.ProviderSlots > 0:
+		fmt.Fprintf(w, "efficiency    %.3f of the provider bound %.2f/s (slots ÷ the template's service time)\n", o.Efficiency, o.ProviderBound)
+	case o.ProviderBound > 0:
 		fmt.Fprintf(w, "efficiency    %.3f of the provider bound %.0f/s (replicas × concurrency ÷ provider latency)\n", o.Efficiency, o.ProviderBound)
+	}
+	if q := o.ProviderQueue; q != nil {
+		fmt.Fprintf(w, "model queue   served %d, wasted %d (served after the caller timed out), abandoned %d, most waiting %d\n", q.Served, q.Wasted, q.Abandoned, q.MaxWaiting)
 	}
 	if o.ProviderUtilisation > 0 {
 		fmt.Fprintf(w, "utilisation   %.3f of the provider slots busy on average (the fake's summed call time ÷ elapsed ÷ slots; mean call %.2f ms)\n", o.ProviderUtilisation, o.ProviderMeanCallMS)
 	}
 	return nil
+}
+
+// templateService is the realistic fake's service time for the template's request.
+func templateService(c ollamatest.Capacity, body []byte) time.Duration {
+	req, derr := contract.DecodeRequest(body)
+	if derr != nil {
+		return 0
+	}
+	return c.ServiceTime(len(req.Questions), len(req.State))
 }
 
 // showProgress decides whether to draw the live line: only on a terminal unless forced, so

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -11,13 +12,19 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider/ollamatest"
+	"github.com/sys1hq/sys1/worker/loadtest"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
 type benchJSON struct {
 	Setup struct {
-		Replicas    int `json:"replicas"`
-		Concurrency int `json:"concurrency"`
+		Replicas              int     `json:"replicas"`
+		Concurrency           int     `json:"concurrency"`
+		ProviderSlots         int     `json:"provider_slots"`
+		ProviderPerQuestionMS float64 `json:"provider_per_question_ms"`
 	} `json:"setup"`
 	Report struct {
 		Sent      int            `json:"sent"`
@@ -37,8 +44,10 @@ type benchJSON struct {
 			PeakRSS uint64 `json:"peak_rss_bytes"`
 		} `json:"memory"`
 	} `json:"report"`
-	ProviderBound float64 `json:"provider_bound_per_s"`
-	Efficiency    float64 `json:"efficiency"`
+	ProviderBound       float64                `json:"provider_bound_per_s"`
+	Efficiency          float64                `json:"efficiency"`
+	ProviderUtilisation float64                `json:"provider_utilisation"`
+	ProviderQueue       *ollamatest.QueueStats `json:"provider_queue"`
 }
 
 func runBenchJSON(t *testing.T, args ...string) (benchJSON, string, int) {
@@ -78,6 +87,40 @@ func TestBenchSelfTiny(t *testing.T) {
 	}
 	if out.Setup.Replicas != replicas || out.Setup.Concurrency != concurrency || out.ProviderBound != float64(replicas*concurrency)/0.001 || out.Efficiency <= 0 {
 		t.Errorf("setup %+v bound %g efficiency %g", out.Setup, out.ProviderBound, out.Efficiency)
+	}
+}
+
+// With --provider-slots the fake serves like one Ollama: calls beyond its slot queue, and
+// the report's bound is the slot over the template's service time.
+func TestBenchSelfRealisticProvider(t *testing.T) {
+	const n = 12
+	out, stderr, code := runBenchJSON(t, "--self", "-n", "12", "-c", "4", "--replicas", "1", "--concurrency", "4",
+		"--provider-slots", "1", "--provider-latency", "1ms", "--provider-per-question", "2ms", "--template", "one")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+	if r := out.Report; r.Succeeded != n {
+		t.Fatalf("succeeded %d of %d (%v)", r.Succeeded, n, r.FailedBy)
+	}
+	q := out.ProviderQueue
+	if q == nil || q.Served != n || q.Wasted+q.Abandoned+q.Rejected != 0 {
+		t.Fatalf("model queue %+v, want %d served", q, n)
+	}
+	body, err := loadtest.Template("one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, derr := contract.DecodeRequest(body)
+	if derr != nil {
+		t.Fatal(derr)
+	}
+	svc := time.Millisecond + time.Duration(len(req.Questions))*2*time.Millisecond
+	if want := 1 / svc.Seconds(); math.Abs(out.ProviderBound-want) > 1e-9 || out.Setup.ProviderSlots != 1 || out.Setup.ProviderPerQuestionMS != 2 {
+		t.Fatalf("bound %g (want %g), setup %+v", out.ProviderBound, want, out.Setup)
+	}
+	// One slot: the slot time can never exceed the elapsed time.
+	if out.ProviderUtilisation <= 0 || out.ProviderUtilisation > 1 {
+		t.Fatalf("utilisation %g of one slot", out.ProviderUtilisation)
 	}
 }
 
@@ -140,6 +183,10 @@ func TestBenchUsageErrors(t *testing.T) {
 		{[]string{"--duration", "-1s"}, "--duration must not be negative"},
 		{[]string{"--self", "--fetch-batch", "-1"}, "--fetch-batch must not be negative"},
 		{[]string{"--self", "--preload", "--duration", "1s"}, "--preload needs -n (a fixed backlog) and no --duration"},
+		{[]string{"--provider-slots", "2"}, "--provider-slots needs --self"},
+		{[]string{"--self", "--provider-slots", "-1"}, "--provider-slots must not be negative"},
+		{[]string{"--self", "--provider-per-question", "1ms"}, "--provider-per-question needs --provider-slots"},
+		{[]string{"--self", "--provider-slots", "1", "--provider-per-kib", "-1ms"}, "--provider-per-kib must not be negative"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), append([]string{"bench", "--progress", "never"}, tc.args...), &stdout, &stderr)

@@ -8,6 +8,10 @@
 // connections, latency) are programmable per call or for the next N calls. It counts calls,
 // the calls in flight and the most ever in flight, and records what it received.
 //
+// By default it serves any number of calls at once. WithCapacity turns on a realistic
+// serving model instead: a few slots, a FIFO queue behind them and a service time that grows
+// with questions × state size, like one Ollama with its model loaded (see Capacity).
+//
 //	srv := ollamatest.New(t)                         // closed on t.Cleanup
 //	srv.Fail(2, ollamatest.Busy(429, "3"))          // the next two calls answer 429
 //	... point the adapter at srv.URL() ...
@@ -124,8 +128,9 @@ type Server struct {
 	apiKey      string
 	recordLimit int
 	latency     atomic.Int64
-	busy        atomic.Int64 // nanoseconds spent serving /v1/systemone calls, summed
-	lateness    atomic.Int64 // recent average timer lateness, in nanoseconds (see wait)
+	capacity    *capacityQueue // nil: every call is served at once
+	busy        atomic.Int64   // nanoseconds spent serving /v1/systemone calls, summed
+	lateness    atomic.Int64   // recent average timer lateness, in nanoseconds (see wait)
 
 	mu     sync.Mutex
 	rules  []rule
@@ -293,13 +298,21 @@ func (s *Server) SystemOneRequests() []Recorded {
 
 // BusyTime is the time spent serving /v1/systemone calls, summed over calls: divided by a
 // wall-clock window and a number of slots, how busy the callers kept this provider. Unlike the
-// attempts' whole-millisecond latency_ms it has no rounding.
+// attempts' whole-millisecond latency_ms it has no rounding. With WithCapacity it is the slot
+// time only (time queued is not busy time), so divided by the window and Capacity.Slots it is
+// the model's utilisation.
 func (s *Server) BusyTime() time.Duration { return time.Duration(s.busy.Load()) }
 
 // ResetStats zeroes the counters (not the in-flight gauge) and forgets recorded requests.
 func (s *Server) ResetStats() {
 	s.calls.Store(0)
 	s.busy.Store(0)
+	if q := s.capacity; q != nil {
+		q.mu.Lock()
+		q.stats = QueueStats{MaxWaiting: len(q.waiting)}
+		q.notify()
+		q.mu.Unlock()
+	}
 	s.maxInFlight.Store(s.inFlight.Load())
 	s.mu.Lock()
 	s.records = nil
@@ -419,7 +432,9 @@ func (s *Server) hasModel(name string) bool {
 
 func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
-	defer func() { s.busy.Add(int64(time.Since(arrived))) }()
+	if s.capacity == nil {
+		defer func() { s.busy.Add(int64(time.Since(arrived))) }()
+	}
 	s.calls.Add(1)
 	cur := s.addInFlight(1)
 	defer s.addInFlight(-1)
@@ -475,6 +490,9 @@ func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("model '%s' not found", req.Model))
 		return
 	}
+	if s.capacity != nil && !s.serve(w, r, len(req.Questions), len(req.State)) {
+		return
+	}
 
 	if faulty && fault.Malformed == MalformedNotJSON {
 		w.Header().Set("Content-Type", "text/html")
@@ -519,21 +537,51 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request, until time.Time) b
 	defer t.Stop()
 	select {
 	case <-t.C:
-		late := time.Since(until.Add(-early))
-		// An exponentially weighted average (1/16 of each new sample), never negative.
-		for {
-			old := s.lateness.Load()
-			next := max(old+(int64(late)-old)/16, 0)
-			if s.lateness.CompareAndSwap(old, next) {
-				break
-			}
-		}
+		s.noteLateness(time.Since(until.Add(-early)))
 		return true
 	case <-r.Context().Done():
 		return false
 	case <-s.done:
 		dropConnection(w)
 		return false
+	}
+}
+
+// hold sleeps until until whatever the client does (a slot's service time), correcting for
+// timer lateness like wait; it reports false when the server closed first.
+func (s *Server) hold(until time.Time) bool {
+	early := time.Duration(s.lateness.Load())
+	d := time.Until(until) - early
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		s.noteLateness(time.Since(until.Add(-early)))
+		return true
+	case <-s.done:
+		return false
+	}
+}
+
+// maxLateness bounds one lateness sample. Timers run late by up to about a millisecond on
+// a loaded machine; a longer delay is the goroutine being descheduled, which says nothing
+// about the next timer. Unbounded, one stall longer than the waits themselves would make
+// every later wait end at once, and with no wait left to sample the average never recovered.
+const maxLateness = 2 * time.Millisecond
+
+// noteLateness folds one timer's lateness into the recent average: an exponentially
+// weighted average (1/16 of each new sample, each at most maxLateness), never negative.
+func (s *Server) noteLateness(late time.Duration) {
+	late = min(late, maxLateness)
+	for {
+		old := s.lateness.Load()
+		next := max(old+(int64(late)-old)/16, 0)
+		if s.lateness.CompareAndSwap(old, next) {
+			return
+		}
 	}
 }
 

@@ -286,7 +286,9 @@ func TestOptionsCheck(t *testing.T) {
 }
 
 func TestStartSelfRejectsBadSizes(t *testing.T) {
-	for _, o := range []SelfOptions{{Replicas: -1, Concurrency: 1}, {Replicas: 65, Concurrency: 1}, {Replicas: 1, Concurrency: 0}, {Replicas: 1, Concurrency: 1, ProviderLatency: -1}} {
+	for _, o := range []SelfOptions{{Replicas: -1, Concurrency: 1}, {Replicas: 65, Concurrency: 1}, {Replicas: 1, Concurrency: 0}, {Replicas: 1, Concurrency: 1, ProviderLatency: -1},
+		{Replicas: 1, Concurrency: 1, ProviderSlots: -1}, {Replicas: 1, Concurrency: 1, ProviderPerQuestion: time.Millisecond},
+		{Replicas: 1, Concurrency: 1, ProviderSlots: 1, ProviderPerStateKiB: -1}} {
 		if s, err := StartSelf(context.Background(), o); err == nil {
 			_ = s.Close()
 			t.Errorf("StartSelf(%+v) accepted", o)

@@ -32,8 +32,18 @@ type SelfOptions struct {
 	Concurrency int
 	// FetchBatch is each replica's SYS1_FETCH_BATCH; 0 keeps the worker's default.
 	FetchBatch int
-	// ProviderLatency is how long the fake Ollama takes per call.
+	// ProviderLatency is how long the fake Ollama takes per call. With ProviderSlots it is
+	// each call's base service time instead.
 	ProviderLatency time.Duration
+	// ProviderSlots, when positive, makes the fake serve like one real Ollama: that many
+	// calls at once, an unbounded FIFO queue behind them (no 503 backpressure, as for a
+	// loaded model, ollama#7758) and a service time of ProviderLatency + questions ×
+	// (ProviderPerQuestion + ProviderPerStateKiB × state KiB). Zero keeps the fake that
+	// answers every call at once in ProviderLatency.
+	ProviderSlots int
+	// ProviderPerQuestion and ProviderPerStateKiB grow the service time with the request
+	// (ProviderSlots only).
+	ProviderPerQuestion, ProviderPerStateKiB time.Duration
 	// Dir holds the JetStream store; empty means a fresh temporary directory, removed by Close.
 	Dir string
 	// Logger receives the workers' and the server's warnings.
@@ -75,6 +85,10 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 	if o.ProviderLatency < 0 {
 		return nil, fmt.Errorf("provider latency must not be negative, got %s", o.ProviderLatency)
 	}
+	capacity, realistic, err := o.capacity()
+	if err != nil {
+		return nil, err
+	}
 	s := &Self{opt: o, dir: o.Dir}
 	defer func() {
 		if err != nil {
@@ -92,7 +106,11 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 		return nil, err
 	}
 	// Keep no request bodies: a long run would otherwise hold its last requests in memory.
-	s.fake = ollamatest.NewServer(ollamatest.WithLatency(o.ProviderLatency), ollamatest.WithRecordLimit(0))
+	if realistic {
+		s.fake = ollamatest.NewServer(ollamatest.WithCapacity(capacity), ollamatest.WithRecordLimit(0))
+	} else {
+		s.fake = ollamatest.NewServer(ollamatest.WithLatency(o.ProviderLatency), ollamatest.WithRecordLimit(0))
+	}
 
 	topo := topology.Default()
 	// The shared consumer's MaxAckPending caps every replica together.
@@ -137,6 +155,33 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 	}
 	return s, nil
 }
+
+// capacity is the realistic serving model the options ask for, if any.
+func (o SelfOptions) capacity() (ollamatest.Capacity, bool, error) {
+	if o.ProviderSlots < 0 {
+		return ollamatest.Capacity{}, false, fmt.Errorf("provider slots must not be negative (0: every call at once), got %d", o.ProviderSlots)
+	}
+	if o.ProviderSlots == 0 {
+		if o.ProviderPerQuestion != 0 || o.ProviderPerStateKiB != 0 {
+			return ollamatest.Capacity{}, false, errors.New("a per-question or per-KiB provider cost needs provider slots")
+		}
+		return ollamatest.Capacity{}, false, nil
+	}
+	c := ollamatest.Capacity{Slots: o.ProviderSlots, Base: o.ProviderLatency, PerQuestion: o.ProviderPerQuestion, PerStateKiB: o.ProviderPerStateKiB}
+	if err := c.Validate(); err != nil {
+		return ollamatest.Capacity{}, false, err
+	}
+	return c, true, nil
+}
+
+// ProviderCapacity is the fake's serving model and whether it has one (ProviderSlots > 0).
+func (s *Self) ProviderCapacity() (ollamatest.Capacity, bool) {
+	c, ok, _ := s.opt.capacity()
+	return c, ok
+}
+
+// ProviderQueue is the realistic fake's queue counters (zero without ProviderSlots).
+func (s *Self) ProviderQueue() ollamatest.QueueStats { return s.fake.Queue() }
 
 // URL is the embedded server's client URL.
 func (s *Self) URL() string { return s.srv.ClientURL() }
