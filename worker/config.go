@@ -1,8 +1,12 @@
 package worker
 
 import (
+	"errors"
+	"strings"
+
 	"fmt"
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider/limit"
 	"os"
 	"time"
 )
@@ -14,6 +18,16 @@ type Config struct {
 	// messages are in hand around them (claimed and waiting for a call, or storing and
 	// publishing their outcome), so at most 2×Concurrency messages are unacknowledged.
 	Concurrency int `env:"SYS1_CONCURRENCY" envDefault:"8"`
+	// ConcurrencyMode is how each provider's calls are limited: adaptive (from the latency
+	// the replica sees, between ConcurrencyMin and Concurrency; see provider/limit) or fixed
+	// (exactly Concurrency).
+	ConcurrencyMode string `env:"SYS1_CONCURRENCY_MODE" envDefault:"adaptive"`
+	// ConcurrencyMin and ConcurrencyInitial bound and start the adaptive limit (0: 1 and
+	// the minimum); ConcurrencyTolerance is how much slower per unit of work than the best
+	// it has seen a provider may get before the limit shrinks (0: 1.2).
+	ConcurrencyMin       int     `env:"SYS1_CONCURRENCY_MIN" envDefault:"1"`
+	ConcurrencyInitial   int     `env:"SYS1_CONCURRENCY_INITIAL"`
+	ConcurrencyTolerance float64 `env:"SYS1_CONCURRENCY_TOLERANCE" envDefault:"1.2"`
 	// MaxDeliver is how many deliveries a run may take before a transient error is final.
 	MaxDeliver int `env:"SYS1_MAX_DELIVER" envDefault:"5"`
 	// ShutdownGrace is how long in-flight runs may take to finish after SIGTERM.
@@ -59,6 +73,17 @@ func (c *Config) Validate() []error {
 	var errs []error
 	if c.Concurrency < 1 || c.Concurrency > 4096 {
 		errs = append(errs, fmt.Errorf("SYS1_CONCURRENCY: must be 1–4096, got %d", c.Concurrency))
+	}
+	if _, err := limit.ParseMode(c.mode()); err != nil {
+		errs = append(errs, fmt.Errorf("SYS1_CONCURRENCY_MODE: %q is not one of fixed, adaptive", c.ConcurrencyMode))
+	} else if c.Concurrency >= 1 && c.mode() == string(limit.ModeAdaptive) {
+		names := map[string]string{"Min": "SYS1_CONCURRENCY_MIN", "Max": "SYS1_CONCURRENCY", "Initial": "SYS1_CONCURRENCY_INITIAL", "Tolerance": "SYS1_CONCURRENCY_TOLERANCE"}
+		for _, e := range c.adaptive().Validate() {
+			var fe *limit.FieldError
+			if errors.As(e, &fe) && names[fe.Field] != "" {
+				errs = append(errs, fmt.Errorf("%s: %v %s", names[fe.Field], fe.Value, strings.ReplaceAll(strings.ReplaceAll(fe.Reason, "Max", "SYS1_CONCURRENCY"), "Min", "SYS1_CONCURRENCY_MIN")))
+			}
+		}
 	}
 	if c.MaxDeliver < 1 || c.MaxDeliver > 100 {
 		errs = append(errs, fmt.Errorf("SYS1_MAX_DELIVER: must be 1–100, got %d", c.MaxDeliver))
@@ -137,6 +162,38 @@ func (c *Config) withDefaults() Config {
 		out.FetchBatch = out.Concurrency
 	}
 	return out
+}
+
+func (c *Config) mode() string {
+	if c.ConcurrencyMode == "" {
+		return string(limit.ModeAdaptive)
+	}
+	return c.ConcurrencyMode
+}
+
+// adaptive is the adaptive limiter's configuration for one provider of this replica.
+func (c *Config) adaptive() limit.AdaptiveConfig {
+	a := limit.DefaultAdaptiveConfig(c.Concurrency)
+	if c.ConcurrencyMin != 0 {
+		a.Min = c.ConcurrencyMin
+	}
+	a.Initial = a.Min
+	if c.ConcurrencyInitial != 0 {
+		a.Initial = c.ConcurrencyInitial
+	}
+	if c.ConcurrencyTolerance != 0 {
+		a.Tolerance = c.ConcurrencyTolerance
+	}
+	return a
+}
+
+// newLimiter is one provider's limiter.
+func (c *Config) newLimiter() (limit.Limiter, error) {
+	mode, err := limit.ParseMode(c.mode())
+	if err != nil {
+		return nil, err
+	}
+	return limit.New(mode, c.adaptive())
 }
 
 // SYS1_REVIEW_STATE values.

@@ -48,3 +48,43 @@ func TestRetryDelayGrowsIsCappedAndHonoursHints(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrencySettingsAreValidatedByTheirNames: the adaptive limiter's bad settings are
+// reported under the variables an operator sets (min > max, zero or negative values, a
+// tolerance at or below 1, an unknown mode).
+func TestConcurrencySettingsAreValidatedByTheirNames(t *testing.T) {
+	base := Config{Concurrency: 8, MaxDeliver: 5, FetchBatch: 8, RetryBase: time.Second, RetryMax: time.Minute}
+	for _, tt := range []struct {
+		name string
+		mod  func(*Config)
+		want []string
+	}{
+		{"min above max", func(c *Config) { c.ConcurrencyMin = 9 }, []string{"SYS1_CONCURRENCY_MIN", "9"}},
+		{"negative min", func(c *Config) { c.ConcurrencyMin = -1 }, []string{"SYS1_CONCURRENCY_MIN"}},
+		{"initial outside", func(c *Config) { c.ConcurrencyInitial = 12 }, []string{"SYS1_CONCURRENCY_INITIAL", "12"}},
+		{"tolerance at 1", func(c *Config) { c.ConcurrencyTolerance = 1 }, []string{"SYS1_CONCURRENCY_TOLERANCE"}},
+		{"negative tolerance", func(c *Config) { c.ConcurrencyTolerance = -2 }, []string{"SYS1_CONCURRENCY_TOLERANCE"}},
+		{"unknown mode", func(c *Config) { c.ConcurrencyMode = "turbo" }, []string{"SYS1_CONCURRENCY_MODE", "turbo"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := base
+			tt.mod(&c)
+			var joined strings.Builder
+			for _, err := range c.Validate() {
+				joined.WriteString(err.Error() + "\n")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(joined.String(), w) {
+					t.Errorf("errors lack %q:\n%s", w, joined.String())
+				}
+			}
+		})
+	}
+	for _, mode := range []string{"", "fixed", "adaptive", "Adaptive"} {
+		c := base
+		c.ConcurrencyMode = mode
+		if errs := c.Validate(); len(errs) != 0 {
+			t.Errorf("mode %q refused: %v", mode, errs)
+		}
+	}
+}

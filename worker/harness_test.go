@@ -145,7 +145,7 @@ type replicaOpts struct {
 
 func defaultWorkerConfig() worker.Config {
 	return worker.Config{
-		Concurrency: 4, MaxDeliver: 3, ShutdownGrace: 10 * time.Second, FetchBatch: 4,
+		Concurrency: 4, ConcurrencyMode: "fixed", MaxDeliver: 3, ShutdownGrace: 10 * time.Second, FetchBatch: 4,
 		RetryBase: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, StoreRetry: 2 * time.Second, ID: "test-worker",
 	}
 }

@@ -9,12 +9,13 @@ import (
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider"
 	"github.com/sys1hq/sys1/provider/chain"
-	"github.com/sys1hq/sys1/provider/limit"
 )
 
 // buildChain assembles the provider chain the call stage uses: the configured links (or the
-// one Provider), each limited to Concurrency calls in flight — concurrency is this replica's
-// to decide, so it sets every link's limiter — and each observed for the replica's counters.
+// one Provider), each with its own limiter (SYS1_CONCURRENCY_MODE: adaptive between
+// SYS1_CONCURRENCY_MIN and SYS1_CONCURRENCY, or fixed at SYS1_CONCURRENCY) — concurrency is
+// this replica's to decide, so it sets every link's limiter — and each observed for the
+// replica's counters.
 func (w *Worker) buildChain() (*chain.Chain, error) {
 	links := w.opt.Links
 	if len(links) == 0 {
@@ -29,7 +30,11 @@ func (w *Worker) buildChain() (*chain.Chain, error) {
 			l.Name = l.Provider.Name()
 		}
 		l.Provider = &observed{Provider: l.Provider, stats: &w.stats}
-		l.Limiter = limit.NewFixed(w.cfg.Concurrency)
+		lim, err := w.cfg.newLimiter()
+		if err != nil {
+			return nil, fmt.Errorf("worker: provider %s: %w", l.Name, err)
+		}
+		l.Limiter = lim
 		out[i] = l
 	}
 	cfg := w.opt.ChainConfig

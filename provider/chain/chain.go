@@ -363,9 +363,9 @@ func expiredBefore(deadline time.Time) error {
 	return contract.Errorf(contract.CodeExpired, "deadline %s passed before the provider was called", deadline.UTC().Format(time.RFC3339Nano))
 }
 
-// size is a call's work for an adaptive limiter: questions × state KiB, at least 1.
+// size is a call's work for an adaptive limiter (limit.CallSize: questions × state KiB).
 func size(r *contract.Request) float64 {
-	return float64(max(len(r.Questions), 1)) * max(float64(len(r.State))/1024, 1)
+	return limit.CallSize(len(r.Questions), len(r.State))
 }
 
 func skipped(name, model string, delivery int, detail string) contract.Attempt {
