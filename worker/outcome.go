@@ -95,6 +95,7 @@ func (r *run) recordFor(reply *contract.Reply, finished time.Time, p provenance)
 		Version:        p.version,
 		Status:         reply.Status,
 		Result:         reply.Result,
+		TraceID:        r.obs.traceID,
 	}
 	if rec.CallerKind == "" {
 		// Refused before any caller was verified: SPEC §6 knows only subject, jwt and

@@ -20,12 +20,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider"
 	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -48,6 +51,14 @@ type Options struct {
 	// FetchWait bounds one pull request; it is also how long shutdown may wait for a pull in
 	// flight. Zero means one second.
 	FetchWait time.Duration
+	// Metrics is the process's registry (metrics.NewRegistry), which the replica's families
+	// join, labelled with its id; nil gives the replica a registry of its own. Handler serves
+	// it on /metrics.
+	Metrics *prometheus.Registry
+	// MetricsCallerLabel labels sys1_worker_runs_total with the verified caller too.
+	MetricsCallerLabel bool
+	// TracerProvider starts the runs' spans; nil means no tracing.
+	TracerProvider trace.TracerProvider
 }
 
 // Worker is one replica's pool.
@@ -81,6 +92,10 @@ type Worker struct {
 	chain *chain.Chain
 	// fleet is the shared consumers' state, for health (service.go).
 	fleet fleet
+	// metrics and tracer observe the runs (observe.go).
+	registry *prometheus.Registry
+	metrics  *metrics.Worker
+	tracer   trace.Tracer
 }
 
 // New ensures the JetStream topology (streams, run-id bucket, the shared consumer) and returns
@@ -106,6 +121,9 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 		return nil, err
 	}
 	w.chain = ch
+	if err := w.instrument(); err != nil {
+		return nil, err
+	}
 	if err := w.ensure(ctx); err != nil {
 		return nil, err
 	}
@@ -357,6 +375,7 @@ type stats struct {
 	failed        atomic.Int64
 	retried       atomic.Int64
 	replayed      atomic.Int64
+	deadLetters   atomic.Int64
 }
 
 // Stats is a snapshot of a replica's counters.
@@ -368,6 +387,7 @@ type Stats struct {
 	Succeeded, Failed int64 // runs finished
 	Retried           int64 // deliveries nak'ed for a transient error
 	Replayed          int64 // finished runs answered again from their stored outcome
+	DeadLetters       int64 // dead-lettered requests answered from their advisory
 }
 
 // Stats returns the replica's counters.
@@ -377,6 +397,7 @@ func (w *Worker) Stats() Stats {
 		ProviderPeak: w.stats.providerPeak.Load(), ProviderCalls: w.stats.providerCalls.Load(),
 		Succeeded: w.stats.succeeded.Load(), Failed: w.stats.failed.Load(),
 		Retried: w.stats.retried.Load(), Replayed: w.stats.replayed.Load(),
+		DeadLetters: w.stats.deadLetters.Load(),
 	}
 }
 

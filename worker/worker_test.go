@@ -955,8 +955,8 @@ func TestOperationalEndpoints(t *testing.T) {
 		t.Errorf("/readyz %d: %s", code, body)
 	}
 	code, body := get("/metrics")
-	if code != http.StatusOK || !strings.Contains(body, `sys1_worker_runs_succeeded_total{worker="test-worker"} 1`) ||
-		!strings.Contains(body, `sys1_worker_provider_calls_total{worker="test-worker"} 1`) {
+	if code != http.StatusOK || !strings.Contains(body, `sys1_worker_runs_total{error_code="",model="nimble",provider="ollama",status="success",worker="test-worker"} 1`) ||
+		!strings.Contains(body, `sys1_worker_provider_calls_total{provider="ollama",worker="test-worker"} 1`) {
 		t.Errorf("/metrics %d:\n%s", code, body)
 	}
 	// /readyz serves the last probe: a storm of hits costs the model server nothing.

@@ -89,7 +89,7 @@ func TestWorkerIsOneProcessDeployment(t *testing.T) {
 	if _, err := metricstest.Parse(metrics); err != nil {
 		t.Errorf("/metrics is not valid Prometheus text: %v\n%s", err, metrics)
 	}
-	for _, want := range []string{"sys1_worker_runs_succeeded_total{worker=", "sys1_sink_inserted_total 1"} {
+	for _, want := range []string{`sys1_worker_runs_total{error_code="",model="nimble",provider="simulator",status="success",worker=`, `sys1_sink_inserted_total{lane="runs"} 1`, "go_goroutines ", "process_cpu_seconds_total "} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, metrics)
 		}
