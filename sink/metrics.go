@@ -133,8 +133,8 @@ func (s *Sink) Instrument(reg prometheus.Registerer, tp trace.TracerProvider) er
 	return nil
 }
 
-// MetricFamilies lists every family the sink defines, whether or not it has samples yet.
-func (s *Sink) MetricFamilies() []metrics.Family {
+// MetricFamilies lists every family a sink defines, whether or not it has samples yet.
+func MetricFamilies() []metrics.Family {
 	d := []metrics.Family{
 		{Name: "sys1_sink_lag_records", Type: "gauge", Labels: []string{"lane"}},
 		{Name: "sys1_sink_received_total", Type: "counter", Labels: []string{"lane"}},
@@ -148,7 +148,7 @@ func (s *Sink) MetricFamilies() []metrics.Family {
 		{Name: "sys1_sink_last_insert_timestamp_seconds", Type: "gauge", Labels: []string{"lane"}},
 		{Name: "sys1_sink_labels_rejected_total", Type: "counter"},
 	}
-	return append(d, s.obs.families...)
+	return append(d, newObservers().families...)
 }
 
 // startInsert starts the span of one batch's insert, linked to the trace of every run (or

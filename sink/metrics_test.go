@@ -89,7 +89,7 @@ func TestSinkMetricsAndInsertSpan(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	text := string(body)
-	if err := metricstest.Check(reg, text, filepath.Join("..", "deploy", "README.md"), "sys1_sink_", s.MetricFamilies()); err != nil {
+	if err := metricstest.Check(reg, text, filepath.Join("..", "deploy", "README.md"), "sys1_sink_", MetricFamilies()); err != nil {
 		t.Fatalf("%v\n%s", err, text)
 	}
 	fams, _ := metricstest.Parse(text)

@@ -148,3 +148,17 @@ func (w *Worker) Attempt(provider, outcome string, called bool, latency time.Dur
 func (w *Worker) Stage(name string, d time.Duration) {
 	w.stages.WithLabelValues(name).Observe(max(d, 0).Seconds())
 }
+
+// WorkerFamilies lists the families a replica defines (with the caller label off), without a
+// replica: for documentation and dashboard checks.
+func WorkerFamilies() []Family {
+	zero := func() float64 { return 0 }
+	w, err := NewWorker(prometheus.NewRegistry(), WorkerOptions{
+		Replica: "catalogue", InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Paused: zero,
+		Providers: func() []ProviderState { return nil },
+	})
+	if err != nil {
+		panic(err) // a fresh registry cannot refuse them
+	}
+	return w.Families()
+}
