@@ -392,7 +392,9 @@ func TestPoisonInputNeverStopsThePool(t *testing.T) {
 	h := newHarness(t)
 	h.start()
 	deep := strings.Repeat("[", 10_000) + strings.Repeat("]", 10_000)
-	atLimit := append([]byte(`{"state":"`), bytes.Repeat([]byte("a"), 8<<20-200)...)
+	// At the payload limit less the client's headers (run id, msg id, reply subject and the
+	// 70-byte traceparent line).
+	atLimit := append([]byte(`{"state":"`), bytes.Repeat([]byte("a"), 8<<20-300)...)
 	atLimit = append(atLimit, []byte(`","questions":{}}`)...)
 	poison := map[string][]byte{
 		"non-json":     []byte("hello, world"),
