@@ -86,8 +86,18 @@ func TestWorkerIsOneProcessDeployment(t *testing.T) {
 
 	// One /metrics for the process: the worker's counters and the in-process sink's.
 	metrics := httpGet(t, "http://"+httpAddr+"/metrics")
-	if _, err := metricstest.Parse(metrics); err != nil {
+	fams, err := metricstest.Parse(metrics)
+	if err != nil {
 		t.Errorf("/metrics is not valid Prometheus text: %v\n%s", err, metrics)
+	}
+	docs, err := metricstest.Documented(filepath.Join("..", "..", "deploy", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if !metricstest.IsDocumented(docs, f.Name) {
+			t.Errorf("/metrics serves %s, which deploy/README.md does not document", f.Name)
+		}
 	}
 	for _, want := range []string{`sys1_worker_runs_total{error_code="",model="nimble",provider="simulator",status="success",worker=`, `sys1_sink_inserted_total{lane="runs"} 1`, "go_goroutines ", "process_cpu_seconds_total "} {
 		if !strings.Contains(metrics, want) {
