@@ -106,6 +106,14 @@ func (r *run) stage(ctx context.Context, name string, fn func(*run, context.Cont
 	start := time.Now()
 	before := len(r.attempts)
 	sctx, span := r.w.tracer.Start(ctx, name)
+	defer func() {
+		if p := recover(); p != nil {
+			// handle recovers it (SYS1_INTERNAL); the span still ends, marked.
+			span.SetStatus(codes.Error, "panic")
+			span.End()
+			panic(p)
+		}
+	}()
 	err := fn(r, sctx)
 	r.w.metrics.Stage(name, time.Since(start))
 	if r.meta != nil {
