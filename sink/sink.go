@@ -75,6 +75,9 @@ type Sink struct {
 
 	// hooks for tests: called after a batch's insert succeeded and before it is acked.
 	afterInsert func()
+
+	// obs are the histograms and the tracer (metrics.go).
+	obs *observers
 }
 
 // lane is one stream drained into one table: its consumer, how its messages become rows and
@@ -162,6 +165,7 @@ func New(js jetstream.JetStream, conn driver.Conn, topo topology.Config, cfg Con
 		insertRuns:   "INSERT INTO " + db + ".runs (" + strings.Join(runColumns, ", ") + ")",
 		insertDead:   "INSERT INTO " + db + ".runs_dead_letter (" + strings.Join(deadLetterColumns, ", ") + ")",
 		insertLabels: "INSERT INTO " + db + ".labels (" + strings.Join(labelColumns, ", ") + ")",
+		obs:          newObservers(),
 	}
 	s.runs = &lane{
 		name: "runs", stream: topo.RunsStream, consumer: topo.SinkConsumer,
@@ -450,6 +454,8 @@ func dedupToken(stream, table string, msgs []origin) string {
 func (s *Sink) flush(ctx context.Context, l *lane, work *pending) {
 	defer work.stopKeepAlive()
 	msgs, p := work.msgs, &work.prepared
+	ctx, span := s.startInsert(ctx, l, msgs)
+	defer span.End()
 	// In-flight work may finish for ShutdownTimeout after ctx is cancelled.
 	grace, cancelGrace := context.WithCancel(context.WithoutCancel(ctx))
 	stopAfter := context.AfterFunc(ctx, func() {
@@ -461,7 +467,7 @@ func (s *Sink) flush(ctx context.Context, l *lane, work *pending) {
 
 	backoff := s.cfg.RetryMin
 	for attempt := 1; ; attempt++ {
-		err := s.insertOnce(grace, l, p)
+		err := s.timedInsert(grace, l, p)
 		if err == nil {
 			break
 		}
@@ -488,6 +494,7 @@ func (s *Sink) flush(ctx context.Context, l *lane, work *pending) {
 	l.deadLettered.Add(uint64(len(p.dead) + len(p.rejected)))
 	l.rejected.Add(uint64(p.refused))
 	l.batches.Add(1)
+	s.observeInserted(ctx, l, msgs, p)
 	l.mu.Lock()
 	if l.retrying {
 		s.log.Info().Str("lane", l.name).Msg("sink: ClickHouse inserts succeed again")

@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider"
@@ -21,6 +23,7 @@ import (
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/loadtest"
+	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -59,6 +62,47 @@ func BenchmarkPipeline(b *testing.B) {
 }
 
 func benchPipeline(b *testing.B, prov provider.Provider, concurrency int) {
+	benchPipelineWith(b, prov, concurrency, nil)
+}
+
+// BenchmarkObservability is the cost of metrics and tracing: the pipeline of BenchmarkPipeline
+// (the Ollama adapter over loopback to the fake, so the provider's HTTP span and its
+// traceparent are in) with tracing off — the worker's metrics are always on, into a registry
+// nobody scrapes — and on: every run sampled, its spans batched to an exporter that discards
+// them (what the SDK does before the network), and the process registry with the Go and
+// process collectors. Sub-benchmarks alternate with -count, so the two are measured side by
+// side on the same machine:
+//
+//	go test -run '^$' -bench Observability -benchtime 3000x -count 5 ./worker/
+func BenchmarkObservability(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		mod  func(b *testing.B, o *worker.Options)
+	}{
+		{"off", nil},
+		{"on", func(b *testing.B, o *worker.Options) {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+			b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+			o.TracerProvider, o.Metrics = tp, metrics.NewRegistry()
+		}},
+	} {
+		b.Run("tracing="+bc.name, func(b *testing.B) {
+			fake := ollamatest.New(b, ollamatest.WithRecordLimit(0))
+			p, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "30000"}, ollama.WithMaxConns(64), ollama.WithLogger(zerolog.Nop()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(p.Close)
+			var mod func(*worker.Options)
+			if bc.mod != nil {
+				mod = func(o *worker.Options) { bc.mod(b, o) }
+			}
+			benchPipelineWith(b, p, 16, mod)
+		})
+	}
+}
+
+func benchPipelineWith(b *testing.B, prov provider.Provider, concurrency int, mod func(*worker.Options)) {
 	srv, err := natsconn.StartEmbedded(natsconn.EmbeddedOptions{Port: -1, StoreDir: b.TempDir()})
 	if err != nil {
 		b.Fatal(err)
@@ -82,13 +126,17 @@ func benchPipeline(b *testing.B, prov provider.Provider, concurrency int) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	opts := worker.Options{
+		NC: wnc, JS: js, Topology: topology.Default(), Provider: prov, Policy: contract.Policy{DefaultModel: "nimble"},
+		Auth: authn, Logger: zerolog.Nop(), Version: "bench", FetchWait: 250 * time.Millisecond,
+	}
+	if mod != nil {
+		mod(&opts)
+	}
 	w, err := worker.New(ctx, worker.Config{
 		Concurrency: concurrency, MaxDeliver: 5, ShutdownGrace: 10 * time.Second, FetchBatch: 16,
 		RetryBase: time.Second, RetryMax: time.Minute, ID: "bench-" + strconv.Itoa(concurrency),
-	}, worker.Options{
-		NC: wnc, JS: js, Topology: topology.Default(), Provider: prov, Policy: contract.Policy{DefaultModel: "nimble"},
-		Auth: authn, Logger: zerolog.Nop(), Version: "bench", FetchWait: 250 * time.Millisecond,
-	})
+	}, opts)
 	if err != nil {
 		b.Fatal(err)
 	}

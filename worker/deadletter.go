@@ -86,6 +86,7 @@ func (w *Worker) deadLetter(ctx context.Context, adv jetstream.Msg) {
 	w.handle(ctx, msg)
 	switch {
 	case msg.settled && msg.removeErr == nil:
+		w.stats.deadLetters.Add(1)
 		_ = adv.Ack()
 	case msg.settled:
 		log.Warn().Err(msg.removeErr).Msg("answered a dead-lettered request but could not remove it; its record and reply may repeat")

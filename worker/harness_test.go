@@ -13,7 +13,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider"
@@ -141,6 +143,10 @@ type replicaOpts struct {
 	abstention *policy.Handle
 	limits     *livefile.File[*limits.Limits]
 	prices     *livefile.File[*limits.Prices]
+	// observability
+	registry    *prometheus.Registry
+	callerLabel bool
+	tracer      trace.TracerProvider
 }
 
 func defaultWorkerConfig() worker.Config {
@@ -199,6 +205,7 @@ func (h *harness) start(mods ...func(*replicaOpts)) *replica {
 	w, err := worker.New(ctx, o.cfg, worker.Options{
 		NC: nc, JS: js, Topology: topo, Provider: o.provider, Links: o.links, ChainConfig: o.chainCfg, Policy: o.policy, Abstention: o.abstention, Limits: o.limits, Prices: o.prices, Auth: o.auth,
 		Logger: h.logger(), Version: "test", FetchWait: 200 * time.Millisecond,
+		Metrics: o.registry, MetricsCallerLabel: o.callerLabel, TracerProvider: o.tracer,
 	})
 	if err != nil {
 		cancel()

@@ -105,6 +105,7 @@ func (r *run) recordFor(reply *contract.Reply, finished time.Time, p provenance)
 		CacheHit:       p.cacheHit,
 		BatchID:        r.batchID,
 		ItemID:         r.itemID,
+		TraceID:        r.obs.traceID,
 	}
 	if rec.CallerKind == "" {
 		// Refused before any caller was verified: SPEC §6 knows only subject, jwt and

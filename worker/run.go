@@ -85,11 +85,14 @@ type run struct {
 	cacheAge time.Duration
 	cacheHit bool
 	ticket   *budget.Ticket // the run's admission under its caller's limits
+	obs      observation    // spans and metrics (observe.go)
 }
 
 // handle processes one delivery. It never panics: a panic becomes SYS1_INTERNAL.
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	r := &run{w: w, msg: msg, start: time.Now(), log: w.log}
+	ctx = r.begin(ctx)
+	defer r.finish()
 	defer func() {
 		if p := recover(); p != nil {
 			// The stack goes to the log (it has no request content); the reply says only that
@@ -105,7 +108,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 // execute runs the stages until one ends the run or the run is known to have finished before.
 func (r *run) execute(ctx context.Context) error {
 	for _, s := range stages {
-		if err := s.run(r, ctx); err != nil {
+		if err := r.stage(ctx, s.name, s.run); err != nil {
 			return err
 		}
 		if r.finished != nil {
@@ -120,7 +123,7 @@ func (r *run) execute(ctx context.Context) error {
 func (r *run) end(ctx context.Context, err error) {
 	s := r.settle(err)
 	if s.Answers() {
-		if perr := r.publish(ctx, err); perr != nil {
+		if perr := r.publishStage(ctx, err); perr != nil {
 			err, s = perr, r.settle(perr)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/topology"
+	"github.com/sys1hq/sys1/worker/tracing"
 )
 
 // publish answers a run that settle says is over. Its outcome is stored in the gate first,
@@ -70,6 +71,7 @@ func (r *run) publish(ctx context.Context, runErr error) error {
 }
 
 func (r *run) logFinished(reply *contract.Reply) {
+	r.observeFinished(reply)
 	ev := r.log.Info()
 	if reply.Status == contract.StatusSuccess {
 		r.w.stats.succeeded.Add(1)
@@ -211,6 +213,7 @@ func (r *run) sendRecord(ctx context.Context, subject string, record []byte, sta
 		rm := &nats.Msg{Subject: subject, Data: record, Header: nats.Header{}}
 		rm.Header.Set(HeaderRunID, r.recordID)
 		rm.Header.Set(HeaderStatus, string(status))
+		tracing.Inject(ctx, rm.Header) // the sink links its insert to the run's trace
 		_, err := r.w.opt.JS.PublishMsg(ctx, rm, jetstream.WithMsgID("record:"+r.recordID))
 		return err
 	})

@@ -21,7 +21,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider"
@@ -32,6 +34,7 @@ import (
 	"github.com/sys1hq/sys1/worker/calibration"
 	"github.com/sys1hq/sys1/worker/limits"
 	"github.com/sys1hq/sys1/worker/livefile"
+	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/policy"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -63,6 +66,14 @@ type Options struct {
 	// FetchWait bounds one pull request; it is also how long shutdown may wait for a pull in
 	// flight. Zero means one second.
 	FetchWait time.Duration
+	// Metrics is the process's registry (metrics.NewRegistry), which the replica's families
+	// join, labelled with its id; nil gives the replica a registry of its own. Handler serves
+	// it on /metrics.
+	Metrics *prometheus.Registry
+	// MetricsCallerLabel labels sys1_worker_runs_total with the verified caller too.
+	MetricsCallerLabel bool
+	// TracerProvider starts the runs' spans; nil means no tracing.
+	TracerProvider trace.TracerProvider
 }
 
 // Worker is one replica's pool.
@@ -108,6 +119,10 @@ type Worker struct {
 	// result cache (KV sys1-cache); nil when its bucket is not usable.
 	budget *budget.Budget
 	cache  *cache.Cache
+	// metrics and tracer observe the runs (observe.go).
+	registry *prometheus.Registry
+	metrics  *metrics.Worker
+	tracer   trace.Tracer
 }
 
 // New ensures the JetStream topology (streams, run-id bucket, the shared consumer) and returns
@@ -133,6 +148,9 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 		return nil, err
 	}
 	w.chain = ch
+	if err := w.instrument(); err != nil {
+		return nil, err
+	}
 	if err := w.ensure(ctx); err != nil {
 		return nil, err
 	}
@@ -497,6 +515,7 @@ type stats struct {
 	replayed      atomic.Int64
 	cacheHits     atomic.Int64
 	latency       ewma
+	deadLetters   atomic.Int64
 }
 
 // Stats is a snapshot of a replica's counters.
@@ -508,6 +527,7 @@ type Stats struct {
 	Succeeded, Failed int64 // runs finished
 	Retried           int64 // deliveries nak'ed for a transient error
 	Replayed          int64 // finished runs answered again from their stored outcome
+	DeadLetters       int64 // dead-lettered requests answered from their advisory
 }
 
 // Stats returns the replica's counters.
@@ -517,6 +537,7 @@ func (w *Worker) Stats() Stats {
 		ProviderPeak: w.stats.providerPeak.Load(), ProviderCalls: w.stats.providerCalls.Load(),
 		Succeeded: w.stats.succeeded.Load(), Failed: w.stats.failed.Load(),
 		Retried: w.stats.retried.Load(), Replayed: w.stats.replayed.Load(),
+		DeadLetters: w.stats.deadLetters.Load(),
 	}
 }
 

@@ -392,7 +392,9 @@ func TestPoisonInputNeverStopsThePool(t *testing.T) {
 	h := newHarness(t)
 	h.start()
 	deep := strings.Repeat("[", 10_000) + strings.Repeat("]", 10_000)
-	atLimit := append([]byte(`{"state":"`), bytes.Repeat([]byte("a"), 8<<20-200)...)
+	// At the payload limit less the client's headers (run id, msg id, reply subject and the
+	// 70-byte traceparent line).
+	atLimit := append([]byte(`{"state":"`), bytes.Repeat([]byte("a"), 8<<20-300)...)
 	atLimit = append(atLimit, []byte(`","questions":{}}`)...)
 	poison := map[string][]byte{
 		"non-json":     []byte("hello, world"),
@@ -955,8 +957,8 @@ func TestOperationalEndpoints(t *testing.T) {
 		t.Errorf("/readyz %d: %s", code, body)
 	}
 	code, body := get("/metrics")
-	if code != http.StatusOK || !strings.Contains(body, `sys1_worker_runs_succeeded_total{worker="test-worker"} 1`) ||
-		!strings.Contains(body, `sys1_worker_provider_calls_total{worker="test-worker"} 1`) {
+	if code != http.StatusOK || !strings.Contains(body, `sys1_worker_runs_total{error_code="",model="nimble",provider="ollama",status="success",worker="test-worker"} 1`) ||
+		!strings.Contains(body, `sys1_worker_provider_calls_total{provider="ollama",worker="test-worker"} 1`) {
 		t.Errorf("/metrics %d:\n%s", code, body)
 	}
 	// /readyz serves the last probe: a storm of hits costs the model server nothing.

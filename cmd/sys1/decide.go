@@ -12,8 +12,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/tracing"
 )
 
 func init() {
@@ -32,6 +36,9 @@ Connection: SYS1_NATS_URL (default nats://127.0.0.1:4222, the embedded server of
 SYS1_NATS_TOKEN and SYS1_NATS_TLS_* as for the worker. A user that may read only its own
 inbox (deploy/nats) needs SYS1_NATS_INBOX_PREFIX=_INBOX.<user>. A bearer JWT for auth mode
 jwt comes from --token or SYS1_TOKEN.
+
+Tracing: the request carries a W3C traceparent, of the trace in TRACEPARENT (and
+TRACESTATE) when set, else of a new trace; the run record's trace_id names it.
 
 flags:
 `
@@ -117,6 +124,7 @@ func runDecide(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
+	ctx = traceFromEnv(ctx, stderr)
 	if *noWait {
 		id, err := cl.Publish(ctx, req)
 		if err != nil {
@@ -142,6 +150,27 @@ func runDecide(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitFailed
 	}
 	return exitOK
+}
+
+// traceFromEnv joins the trace the environment names (TRACEPARENT, TRACESTATE: the
+// OpenTelemetry convention for handing a trace to a command). A malformed TRACEPARENT is
+// reported and ignored: the request starts a new trace.
+func traceFromEnv(ctx context.Context, stderr io.Writer) context.Context {
+	tp := strings.TrimSpace(os.Getenv("TRACEPARENT"))
+	if tp == "" {
+		return ctx
+	}
+	hdr := nats.Header{}
+	hdr.Set(tracing.HeaderTraceParent, tp)
+	if ts := os.Getenv("TRACESTATE"); ts != "" {
+		hdr.Set(tracing.HeaderTraceState, ts)
+	}
+	out := tracing.Extract(ctx, hdr)
+	if !trace.SpanContextFromContext(out).IsValid() {
+		fmt.Fprintf(stderr, "sys1 decide: TRACEPARENT is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>); the request starts a new trace\n")
+		return ctx
+	}
+	return out
 }
 
 func envOr(name, def string) string {

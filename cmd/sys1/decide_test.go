@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
@@ -18,6 +20,7 @@ import (
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/topology"
+	"github.com/sys1hq/sys1/worker/tracing"
 )
 
 // startDeployment runs a nats-server and, when withWorker, one worker on the simulator.
@@ -222,6 +225,58 @@ func checkValidatesNATSAsAClient(t *testing.T, runCommand func() (code int, stde
 	for _, bad := range []string{"applies to a remote server", "SYS1_NATS_LISTEN", "pw-that-must-not-leak"} {
 		if strings.Contains(errOut, bad) {
 			t.Errorf("stderr mentions %q:\n%s", bad, errOut)
+		}
+	}
+}
+
+// sys1 decide sends a traceparent: the trace in TRACEPARENT, or a new one when it is unset or
+// malformed (which it says, and which is no error).
+func TestDecideSendsTraceparent(t *testing.T) {
+	url := startDeployment(t, false)
+	t.Setenv("SYS1_NATS_URL", url)
+	ticket := filepath.Join("..", "..", "contract", "examples", "ticket.json")
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	sent := func(runID string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, "SYS1_REQUESTS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, _ := s.Info(ctx)
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+			if m, err := s.GetMsg(ctx, seq); err == nil && m.Header.Get("Sys1-Run-Id") == runID {
+				return m.Header.Get("traceparent")
+			}
+		}
+		t.Fatalf("request %s not in the stream", runID)
+		return ""
+	}
+	parent := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, tc := range []struct{ env, runID, wantTrace, wantStderr string }{
+		{"", "tp-none", "", ""},
+		{parent, "tp-env", "4bf92f3577b34da6a3ce929d0e0e4736", ""},
+		{"00-zz", "tp-bad", "", "TRACEPARENT is not a W3C traceparent"},
+	} {
+		t.Setenv("TRACEPARENT", tc.env)
+		code, _, errOut := decide(t, "--no-wait", "--run-id", tc.runID, ticket)
+		if code != exitOK || !strings.Contains(errOut, tc.wantStderr) {
+			t.Fatalf("TRACEPARENT=%q: exit %d, stderr %q", tc.env, code, errOut)
+		}
+		tp := sent(tc.runID)
+		sc := tracing.SpanContextOf(nats.Header{"traceparent": []string{tp}})
+		if !sc.IsValid() || (tc.wantTrace != "" && sc.TraceID().String() != tc.wantTrace) || (tc.wantTrace == "" && strings.Contains(tp, "4bf92f35")) {
+			t.Errorf("TRACEPARENT=%q: sent traceparent %q", tc.env, tp)
+		}
+		if tc.env == parent && tp != parent {
+			// The command records no span of its own: the run is the caller's span's child.
+			t.Errorf("sent %q, want the caller's traceparent %q as is", tp, parent)
 		}
 	}
 }

@@ -17,6 +17,14 @@ type HTTPConfig struct {
 	Addr string `env:"SYS1_HTTP_ADDR"`
 }
 
+// MetricsConfig shapes what /metrics serves.
+type MetricsConfig struct {
+	// CallerLabel labels sys1_worker_runs_total with the verified caller. Off by default:
+	// every distinct caller becomes a set of series, and in auth mode jwt callers are token
+	// subjects, as many as the identity provider mints (deploy/README.md).
+	CallerLabel bool `env:"SYS1_METRICS_CALLER_LABEL" envDefault:"false"`
+}
+
 // Validate checks the listen address.
 func (c *HTTPConfig) Validate() []error {
 	if c.Addr == "" {

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/sink"
+	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -37,13 +38,14 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 		topo    topology.Config
 		cfg     = sink.DefaultConfig()
 		httpCfg HTTPConfig
+		trCfg   TracingConfig
 	)
 	// The sink is a client of the workers' NATS; it never starts an embedded server. The
 	// default URL is in place before validation, so its settings are checked as a client's
 	// (creds, nkey and TLS apply; the embedded server's SYS1_NATS_LISTEN and SYS1_DATA_DIR
 	// do not).
 	natsCfg.URL = defaultClientURL
-	if err := loadConfig(&logCfg, &natsCfg, &topo, &cfg, requireDSN(&cfg), &httpCfg); err != nil {
+	if err := loadConfig(&logCfg, &natsCfg, &topo, &cfg, requireDSN(&cfg), &httpCfg, &trCfg); err != nil {
 		fmt.Fprintln(stderr, "sys1 sink:", err)
 		return exitUsage
 	}
@@ -78,13 +80,21 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 		log.Error().Err(err).Msg("cannot start the sink")
 		return exitUsage
 	}
+	tp, stopTracing, err := setUpTracing(ctx, trCfg, "sys1-sink", host, log)
+	if err != nil {
+		log.Error().Err(err).Msg("cannot set up tracing")
+		return exitUsage
+	}
+	defer stopTracing()
+	reg := metrics.NewRegistry()
+	if err := s.Instrument(reg, tp); err != nil {
+		log.Error().Err(err).Msg("cannot instrument the sink")
+		return exitUsage
+	}
 	if httpCfg.Addr != "" {
 		mux := http.NewServeMux()
 		mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
-		mux.HandleFunc("/metrics", func(rw http.ResponseWriter, _ *http.Request) {
-			rw.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-			s.WriteMetrics(rw)
-		})
+		mux.Handle("/metrics", metrics.Handler(reg, log))
 		stopHTTP, err := serveHTTP(httpCfg.Addr, mux, log)
 		if err != nil {
 			log.Error().Err(err).Msg("cannot serve HTTP")

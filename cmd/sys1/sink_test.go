@@ -226,7 +226,7 @@ func TestSinkCommand(t *testing.T) {
 	if _, err := metricstest.Parse(metrics); err != nil {
 		t.Errorf("/metrics is not valid Prometheus text: %v\n%s", err, metrics)
 	}
-	for _, want := range []string{"sys1_sink_inserted_total 20", "sys1_sink_retrying 0", "# TYPE sys1_sink_lag_records gauge"} {
+	for _, want := range []string{`sys1_sink_inserted_total{lane="runs"} 20`, `sys1_sink_inserted_total{lane="labels"} 1`, `sys1_sink_retrying{lane="runs"} 0`, "# TYPE sys1_sink_lag_records gauge", "go_goroutines "} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, metrics)
 		}

@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider/backend"
@@ -19,6 +19,7 @@ import (
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/limits"
 	"github.com/sys1hq/sys1/worker/livefile"
+	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	abstention "github.com/sys1hq/sys1/worker/policy"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -38,6 +39,8 @@ type workerSettings struct {
 	provider backend.Config
 	auth     auth.Config
 	http     HTTPConfig
+	metrics  MetricsConfig
+	tracing  TracingConfig
 	sink     sink.Config
 	files    workerFiles
 }
@@ -117,7 +120,7 @@ func (f *workerFiles) watch(ctx context.Context, bg *sync.WaitGroup, log zerolog
 
 func loadWorkerSettings() (*workerSettings, error) {
 	s := &workerSettings{nats: natsconn.DefaultConfig(), auth: auth.DefaultConfig(), sink: sink.DefaultConfig()}
-	targets := []any{&s.log, &s.nats, &s.topo, &s.worker, &s.contract, &s.provider, &s.auth, &s.http, &s.files,
+	targets := []any{&s.log, &s.nats, &s.topo, &s.worker, &s.contract, &s.provider, &s.auth, &s.http, &s.files, &s.metrics, &s.tracing,
 		// Every allowed model must be served by some provider of the chain.
 		check(func() []error { return s.provider.CheckModels(s.contract.Model, s.contract.AllowedModels) })}
 	// The in-process sink is optional: its variables are only read (and checked) when a
@@ -187,10 +190,18 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 		log.Error().Err(err).Msg("cannot set up caller authentication")
 		return exitUsage
 	}
+	tp, stopTracing, err := setUpTracing(ctx, s.tracing, "sys1-worker", s.worker.ReplicaID(), log)
+	if err != nil {
+		log.Error().Err(err).Msg("cannot set up tracing")
+		return exitUsage
+	}
+	defer stopTracing()
+	// One registry for the process: the worker's families, the in-process sink's, Go's.
+	reg := metrics.NewRegistry()
 	w, err := worker.New(ctx, s.worker, worker.Options{
 		NC: conn.NC, JS: conn.JS, Topology: s.topo, Links: links, ChainConfig: chainCfg, Policy: policy, Auth: authn,
 		Abstention: s.files.policy, Limits: s.files.limits, Prices: s.files.prices,
-		Logger: log, Version: version,
+		Logger: log, Version: version, Metrics: reg, MetricsCallerLabel: s.metrics.CallerLabel, TracerProvider: tp,
 	})
 	if err != nil {
 		log.Error().Err(err).Msg("cannot start the worker")
@@ -199,19 +210,9 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 
 	var bg sync.WaitGroup
 	s.files.watch(ctx, &bg, log)
-	// The in-process sink exists once ClickHouse answers; /metrics includes it from then on.
-	var inProcessSink atomic.Pointer[sink.Sink]
 	if s.http.Addr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/", w.Handler())
-		mux.HandleFunc("/metrics", func(rw http.ResponseWriter, _ *http.Request) {
-			rw.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-			w.WriteMetrics(rw)
-			if sk := inProcessSink.Load(); sk != nil {
-				sk.WriteMetrics(rw)
-			}
-		})
-		stopHTTP, err := serveHTTP(s.http.Addr, mux, log)
+		// /metrics serves reg: the in-process sink's families join it once ClickHouse answers.
+		stopHTTP, err := serveHTTP(s.http.Addr, w.Handler(), log)
 		if err != nil {
 			log.Error().Err(err).Msg("cannot serve HTTP")
 			return exitUsage
@@ -224,7 +225,7 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 		// The in-process sink waits for ClickHouse in the background: decisions do not depend
 		// on it, and records wait in SYS1_RUNS meanwhile.
 		slog := log.With().Str("subsystem", "sink").Logger()
-		bg.Go(func() { runInProcessSink(ctx, s, conn, slog, &inProcessSink) })
+		bg.Go(func() { runInProcessSink(ctx, s, conn, slog, reg, tp) })
 	}
 
 	if err := w.Run(ctx); err != nil {
@@ -237,7 +238,7 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 
 // runInProcessSink connects to ClickHouse (retrying), migrates and drains SYS1_RUNS until ctx
 // ends, so a small deployment is one process.
-func runInProcessSink(ctx context.Context, s *workerSettings, conn *natsconn.Conn, log zerolog.Logger, published *atomic.Pointer[sink.Sink]) {
+func runInProcessSink(ctx context.Context, s *workerSettings, conn *natsconn.Conn, log zerolog.Logger, reg prometheus.Registerer, tp trace.TracerProvider) {
 	ch, err := openClickHouse(ctx, s.sink, log)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -251,7 +252,10 @@ func runInProcessSink(ctx context.Context, s *workerSettings, conn *natsconn.Con
 		log.Error().Err(err).Msg("cannot start the in-process sink")
 		return
 	}
-	published.Store(sk)
+	if err := sk.Instrument(reg, tp); err != nil {
+		log.Error().Err(err).Msg("cannot instrument the in-process sink")
+		return
+	}
 	if err := sk.Run(ctx); err != nil {
 		log.Error().Err(err).Msg("in-process sink stopped")
 	}

@@ -86,10 +86,20 @@ func TestWorkerIsOneProcessDeployment(t *testing.T) {
 
 	// One /metrics for the process: the worker's counters and the in-process sink's.
 	metrics := httpGet(t, "http://"+httpAddr+"/metrics")
-	if _, err := metricstest.Parse(metrics); err != nil {
+	fams, err := metricstest.Parse(metrics)
+	if err != nil {
 		t.Errorf("/metrics is not valid Prometheus text: %v\n%s", err, metrics)
 	}
-	for _, want := range []string{"sys1_worker_runs_succeeded_total{worker=", "sys1_sink_inserted_total 1"} {
+	docs, err := metricstest.Documented(filepath.Join("..", "..", "deploy", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if !metricstest.IsDocumented(docs, f.Name) {
+			t.Errorf("/metrics serves %s, which deploy/README.md does not document", f.Name)
+		}
+	}
+	for _, want := range []string{`sys1_worker_runs_total{error_code="",model="nimble",provider="simulator",status="success",worker=`, `sys1_sink_inserted_total{lane="runs"} 1`, "go_goroutines ", "process_cpu_seconds_total "} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, metrics)
 		}
@@ -210,4 +220,56 @@ func TestWorkerConnectionIsNamedAfterTheReplica(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// Metrics and tracing settings are checked at start-up with the rest: a bad
+// SYS1_METRICS_CALLER_LABEL, and OTEL_* values sys1 cannot honour (which the SDK would only
+// log and ignore), each named in the one error.
+func TestWorkerRejectsBadObservabilitySettings(t *testing.T) {
+	t.Setenv("SYS1_METRICS_CALLER_LABEL", "yes please")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+	t.Setenv("OTEL_TRACES_EXPORTER", "otlp,zipkin")
+	t.Setenv("OTEL_SDK_DISABLED", "maybe")
+	t.Setenv("OTEL_TRACES_SAMPLER", "sometimes")
+	var stderr bytes.Buffer
+	if code := run(context.Background(), []string{"worker"}, &bytes.Buffer{}, &stderr); code != exitUsage {
+		t.Fatalf("exit %d:\n%s", code, stderr.String())
+	}
+	for _, want := range []string{
+		`SYS1_METRICS_CALLER_LABEL: "yes please" is not a valid boolean`,
+		"OTEL_EXPORTER_OTLP_ENDPOINT: scheme must be http or https",
+		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: the host is missing",
+		`OTEL_EXPORTER_OTLP_PROTOCOL: "grpc" is not supported`,
+		`OTEL_TRACES_EXPORTER: "zipkin" is not supported`,
+		`OTEL_SDK_DISABLED: "maybe"`,
+		`OTEL_TRACES_SAMPLER: "sometimes"`,
+	} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("the start-up error lacks %q:\n%s", want, stderr.String())
+		}
+	}
+}
+
+func TestTracingIsOffUnlessAnOTLPVariableSaysSo(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  TracingConfig
+		want bool
+	}{
+		{TracingConfig{}, false},
+		{TracingConfig{Endpoint: "http://c:4318"}, true},
+		{TracingConfig{TracesEndpoint: "http://c:4318/v1/traces"}, true},
+		{TracingConfig{Exporter: "otlp"}, true},
+		{TracingConfig{Exporter: "none", Endpoint: "http://c:4318"}, false},
+		{TracingConfig{Disabled: "TRUE", Endpoint: "http://c:4318"}, false},
+		{TracingConfig{Disabled: "false", Endpoint: "http://c:4318"}, true},
+	} {
+		if got := tc.cfg.Enabled(); got != tc.want {
+			t.Errorf("%+v: Enabled() = %v, want %v", tc.cfg, got, tc.want)
+		}
+		if errs := tc.cfg.Validate(); len(errs) > 0 {
+			t.Errorf("%+v: %v", tc.cfg, errs)
+		}
+	}
 }

@@ -8,6 +8,10 @@
 //	if reply.Status == "failed" { ... reply.Error.Code ... }
 //	runID, err := c.Publish(ctx, client.Request{Caller: "billing", Body: body}) // fire and forget
 //
+// Every request carries a W3C traceparent: ctx's span context when the producer traces
+// (OpenTelemetry), else a fresh trace of its own, so the worker's spans and the run record's
+// trace_id join the producer's trace.
+//
 // See ExampleClient_Decide for a complete, tested program.
 package client
 
@@ -25,6 +29,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/tracing"
 )
 
 // Header names of SPEC §3.
@@ -102,6 +107,9 @@ type Reply struct {
 	contract.Reply
 	Raw    []byte
 	Header nats.Header
+	// TraceID is the W3C trace id the request was sent under (Decide sets it): the trace to
+	// look up in the tracing backend, and the run record's trace_id.
+	TraceID string
 }
 
 func (r Request) message(runID, replyTo string) (*nats.Msg, error) {
@@ -157,6 +165,7 @@ func (c *Client) Publish(ctx context.Context, req Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	tracing.InjectOrStart(ctx, m.Header)
 	if err := c.publish(ctx, m); err != nil {
 		return "", err
 	}
@@ -217,6 +226,7 @@ func (c *Client) Decide(ctx context.Context, req Request) (*Reply, error) {
 	if err != nil {
 		return nil, err
 	}
+	sc := tracing.InjectOrStart(ctx, m.Header)
 	// Subscribe before publishing, or a fast worker could answer into the void.
 	sub, err := c.nc.SubscribeSync(replyTo)
 	if err != nil {
@@ -250,7 +260,12 @@ func (c *Client) Decide(ctx context.Context, req Request) (*Reply, error) {
 	if err != nil {
 		return nil, fmt.Errorf("waiting for the reply to run %s: %w", runID, err)
 	}
-	return ParseReply(msg)
+	reply, err := ParseReply(msg)
+	if err != nil {
+		return nil, err
+	}
+	reply.TraceID = sc.TraceID().String()
+	return reply, nil
 }
 
 // confirmSubscribed waits for the server to take the subscription to replyTo (one round trip)

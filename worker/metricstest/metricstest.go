@@ -1,6 +1,8 @@
-// Package metricstest checks Prometheus text exposition format (version 0.0.4) strictly, for the
-// tests of what sys1's /metrics endpoints serve. It has no dependency beyond the standard
-// library; it is not a parser for production use.
+// Package metricstest checks what sys1's /metrics endpoints serve, for tests: Parse checks the
+// Prometheus text exposition format (version 0.0.4) strictly (stricter than a scraper: a
+// duplicate series or a scattered family is an error), and Check adds that every family is
+// documented in deploy/README.md and passes client_golang's promlint. It is not a parser for
+// production use.
 package metricstest
 
 import (

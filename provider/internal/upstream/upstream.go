@@ -58,7 +58,17 @@ func NewTransport(maxConns int) *http.Transport {
 // ErrTooLarge, also when Content-Length announces it), any other body up to
 // MaxErrorBodyBytes (cut silently: an error body is only read for its message). The body is
 // closed.
+//
+// When req's context carries a trace (the worker's call stage), the exchange is a client span
+// under it and the request carries its traceparent upstream (see traceExchange).
 func Exchange(hc *http.Client, req *http.Request, maxOK int64) (*http.Response, []byte, error) {
+	req, end := traceExchange(req)
+	resp, body, err := exchange(hc, req, maxOK)
+	end(resp, err)
+	return resp, body, err
+}
+
+func exchange(hc *http.Client, req *http.Request, maxOK int64) (*http.Response, []byte, error) {
 	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, nil, err

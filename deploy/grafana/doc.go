@@ -1,0 +1,7 @@
+// Package grafana holds sys1's Grafana dashboards (dashboards/*.json) and their provisioning
+// (provisioning/), which deploy/compose.yaml mounts beside Prometheus
+// (deploy/prometheus/prometheus.yml). Its tests check the dashboards' JSON, that every metric
+// their PromQL names exists (in the worker's and the sink's registries, the Go and process
+// collectors, or the NATS exporter's list below), and compose.yaml's wiring; the dashboards' SQL
+// is run against ClickHouse by sink/dashboards_test.go.
+package grafana
