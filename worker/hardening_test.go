@@ -353,3 +353,30 @@ func TestDuplicateGivesUpWaitingWithinItsDeliveries(t *testing.T) {
 		t.Errorf("the duplicate ran the provider")
 	}
 }
+
+// TestLargestRecordedRequestAtDefaults: at the default limits (8 MiB messages and payload), a
+// request the stream accepts — here 8 MiB less 48 KiB, almost all of it state, with an image
+// — is answered and recorded in full (README, Operating it: the largest fully recorded
+// request); one whose record could not fit is refused before the model is called.
+func TestLargestRecordedRequestAtDefaults(t *testing.T) {
+	h := newHarness(t) // the harness's server and topology use sys1's 8 MiB defaults
+	h.start()
+	fits := bigRequest(t, 8<<20-48<<10, 3, 8, "fits")
+	if len(fits) > 8<<20 {
+		t.Fatalf("test body %d bytes", len(fits))
+	}
+	rep := h.decide("svc-a", fits, func(r *client.Request) { r.RunID = "largest-1" })
+	if rep.Status != contract.StatusSuccess {
+		t.Fatalf("reply %.300s", rep.Raw)
+	}
+	if rec := h.recordByRun("largest-1"); rec.Request == nil || len(rec.Request.State) < 8<<20-64<<10 {
+		t.Fatalf("the record does not hold the whole request")
+	}
+	calls := h.fake.Calls()
+	// Long option keys repeat in the answer: the record would outgrow the payload.
+	tooBig := bigRequest(t, 8<<20-200<<10, 26, 4<<10, "too big")
+	rep = h.decide("svc-a", tooBig)
+	if rep.Status != contract.StatusFailed || rep.Error.Code != contract.CodeRequestTooLarge || h.fake.Calls() != calls {
+		t.Fatalf("reply %.300s (calls %d → %d)", rep.Raw, calls, h.fake.Calls())
+	}
+}
