@@ -134,7 +134,7 @@ func benchPipelineWith(b *testing.B, prov provider.Provider, concurrency int, mo
 		mod(&opts)
 	}
 	w, err := worker.New(ctx, worker.Config{
-		Concurrency: concurrency, MaxDeliver: 5, ShutdownGrace: 10 * time.Second, FetchBatch: 16,
+		Concurrency: concurrency, ConcurrencyMode: "fixed", MaxDeliver: 5, ShutdownGrace: 10 * time.Second, FetchBatch: 16,
 		RetryBase: time.Second, RetryMax: time.Minute, ID: "bench-" + strconv.Itoa(concurrency),
 	}, opts)
 	if err != nil {

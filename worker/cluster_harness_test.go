@@ -89,7 +89,7 @@ func newClusterHarness(t *testing.T, nodes nodeSet, testNode int) *clusterHarnes
 	h.topo = topology.Default()
 	h.topo.Replicas = 3 // SYS1_STREAM_REPLICAS=3, as deploy/kubernetes sets it
 	h.cfg = worker.Config{
-		Concurrency: clusterConcurrency, FetchBatch: clusterConcurrency, MaxDeliver: 5,
+		Concurrency: clusterConcurrency, ConcurrencyMode: "fixed", FetchBatch: clusterConcurrency, MaxDeliver: 5,
 		ShutdownGrace: 10 * time.Second, RetryBase: time.Second, RetryMax: 60 * time.Second,
 		StoreRetry: 2 * time.Minute,
 	}

@@ -63,6 +63,7 @@ type benchFlags struct {
 	replicas        int
 	concurrency     int
 	fetchBatch      int
+	concurrencyMode string
 	providerLatency time.Duration
 	providerSlots   int
 	perQuestion     time.Duration
@@ -102,6 +103,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, 
 	fs.IntVar(&f.replicas, "replicas", 1, "--self: worker replicas (0: NATS and the fake only, for workers run separately; their URLs go to stderr)")
 	fs.IntVar(&f.concurrency, "concurrency", 64, "--self: SYS1_CONCURRENCY of each replica")
 	fs.IntVar(&f.fetchBatch, "fetch-batch", 0, "--self: SYS1_FETCH_BATCH of each replica (0 = the worker's default)")
+	fs.StringVar(&f.concurrencyMode, "concurrency-mode", "fixed", "--self: SYS1_CONCURRENCY_MODE of each replica, fixed or adaptive")
 	fs.DurationVar(&f.providerLatency, "provider-latency", 20*time.Millisecond, "--self: the fake Ollama's latency per call (with --provider-slots: the base service time)")
 	fs.IntVar(&f.providerSlots, "provider-slots", 0, "--self: serve like one real Ollama with this many slots and an unbounded queue (0 = every call at once)")
 	fs.DurationVar(&f.perQuestion, "provider-per-question", 0, "--self --provider-slots: service time added per question")
@@ -173,7 +175,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 	if f.self {
 		log := zerolog.New(stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()
 		self, err = loadtest.StartSelf(ctx, loadtest.SelfOptions{
-			Replicas: f.replicas, Concurrency: f.concurrency, FetchBatch: f.fetchBatch,
+			Replicas: f.replicas, Concurrency: f.concurrency, FetchBatch: f.fetchBatch, ConcurrencyMode: f.concurrencyMode,
 			ProviderLatency: f.providerLatency, ProviderSlots: f.providerSlots,
 			ProviderPerQuestion: f.perQuestion, ProviderPerStateKiB: f.perKiB, Logger: log,
 		})
@@ -293,7 +295,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 }
 
 // selfOnly are the flags that only mean something with --self.
-var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "provider-latency", "provider-slots", "provider-per-question", "provider-per-kib", "preload", "hold", "mem-sample"}
+var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "concurrency-mode", "provider-latency", "provider-slots", "provider-per-question", "provider-per-kib", "preload", "hold", "mem-sample"}
 
 // check validates the flags; set holds the names given on the command line.
 func (f *benchFlags) check(set map[string]bool) error {
@@ -303,6 +305,9 @@ func (f *benchFlags) check(set map[string]bool) error {
 	}
 	if f.duration < 0 {
 		errs = append(errs, fmt.Errorf("--duration must not be negative, got %s", f.duration))
+	}
+	if f.concurrencyMode != "fixed" && f.concurrencyMode != "adaptive" {
+		errs = append(errs, fmt.Errorf("--concurrency-mode must be fixed or adaptive, got %q", f.concurrencyMode))
 	}
 	if f.fetchBatch < 0 {
 		errs = append(errs, fmt.Errorf("--fetch-batch must not be negative, got %d", f.fetchBatch))

@@ -32,6 +32,9 @@ type SelfOptions struct {
 	Concurrency int
 	// FetchBatch is each replica's SYS1_FETCH_BATCH; 0 keeps the worker's default.
 	FetchBatch int
+	// ConcurrencyMode is each replica's SYS1_CONCURRENCY_MODE (fixed or adaptive); empty:
+	// fixed.
+	ConcurrencyMode string
 	// ProviderLatency is how long the fake Ollama takes per call. With ProviderSlots it is
 	// each call's base service time instead.
 	ProviderLatency time.Duration
@@ -140,7 +143,7 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 			return nil, fmt.Errorf("replica %d: provider: %w", i, err)
 		}
 		cfg := worker.Config{
-			Concurrency: o.Concurrency, MaxDeliver: 5, ShutdownGrace: 10 * time.Second,
+			Concurrency: o.Concurrency, ConcurrencyMode: o.concurrencyMode(), MaxDeliver: 5, ShutdownGrace: 10 * time.Second,
 			FetchBatch: 16, RetryBase: time.Second, RetryMax: time.Minute, ID: "bench-" + strconv.Itoa(i),
 		}
 		if o.FetchBatch > 0 {
@@ -154,6 +157,15 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 		}
 	}
 	return s, nil
+}
+
+// concurrencyMode is the replicas' SYS1_CONCURRENCY_MODE: fixed unless asked otherwise, so
+// the figures measured before adaptive concurrency stay comparable.
+func (o SelfOptions) concurrencyMode() string {
+	if o.ConcurrencyMode == "" {
+		return "fixed"
+	}
+	return o.ConcurrencyMode
 }
 
 // capacity is the realistic serving model the options ask for, if any.
