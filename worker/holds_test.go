@@ -116,7 +116,7 @@ func TestHoldIsReleasedByTheReviewersLabel(t *testing.T) {
 	if rep.Status != contract.StatusSuccess || rep.Review == nil || rep.Review.Status != contract.ReviewReviewed || rep.Review.Item != items[0].ID {
 		t.Errorf("reply %s", rep.Raw)
 	}
-	if rep.Header.Get(worker.HeaderRunID) != "held-1" || rep.Header.Get(worker.HeaderStatus) != "success" || rep.Header.Get(worker.HeaderReview) != "" {
+	if rep.Header.Get(worker.HeaderRunID) != "held-1" || rep.Header.Get(worker.HeaderStatus) != "success" || rep.Header.Get(worker.HeaderReview) != "reviewed" {
 		t.Errorf("reply headers %v", rep.Header)
 	}
 	if !strings.Contains(string(rep.Raw), `"answers":{"label":{"type":"choice"`) {

@@ -232,8 +232,8 @@ func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Statu
 	m := &nats.Msg{Subject: r.replyTo, Data: reply, Header: nats.Header{}}
 	m.Header.Set(HeaderRunID, r.runID)
 	m.Header.Set(HeaderStatus, string(status))
-	if reviewPending(reply) {
-		m.Header.Set(HeaderReview, contract.ReviewPending)
+	if status := reviewStatus(reply); status != "" {
+		m.Header.Set(HeaderReview, status) // pending, or reviewed once a held run is released
 	}
 	if status == contract.StatusFailed {
 		var env struct {
@@ -263,10 +263,17 @@ func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Statu
 	return nil
 }
 
-// reviewPending reports whether a reply says a question went to review (its "review"
-// status is pending), without decoding it: replays send stored bytes.
-func reviewPending(reply []byte) bool {
-	return bytes.Contains(reply, []byte(`"review":{"status":"pending"`))
+// reviewStatus is the status of a reply's "review" field (pending, reviewed), or "" without
+// one, read without decoding the reply: replays send stored bytes. The encoder writes
+// "review" as an object whose first member is its status; answers cannot hold that text
+// outside a JSON string, where its quotes would be escaped.
+func reviewStatus(reply []byte) string {
+	for _, status := range []string{contract.ReviewPending, contract.ReviewReviewed} {
+		if bytes.Contains(reply, []byte(`"review":{"status":"`+status+`"`)) {
+			return status
+		}
+	}
+	return ""
 }
 
 // store runs op, a step that writes the run's outcome, until it succeeds, fails for good, or

@@ -90,30 +90,30 @@ func (f *workerFiles) Validate() []error {
 // watch re-reads the files as they change until ctx ends, logging each reload and keeping
 // the last good version of a file whose edit is bad.
 func (f *workerFiles) watch(ctx context.Context, bg *sync.WaitGroup, log zerolog.Logger) {
-	reloaded := func(name, path string) func() {
-		return func() { log.Info().Str("file", path).Msg(name + " reloaded") }
-	}
-	refused := func(name, path string) func(error) {
+	// Every file is polled like livefile polls (see worker/livefile for why not inotify).
+	const every = abstention.PollInterval
+	logReload := func(name, path string) { log.Info().Str("file", path).Msg(name + " reloaded") }
+	logRefused := func(name, path string) func(error) {
 		return func(err error) {
 			log.Error().Err(err).Str("file", path).Msg(name + " edit refused; the last good version stays in force")
 		}
 	}
 	if h := f.policy; h != nil {
-		log.Info().Str("policy_file", h.Path()).Int("rules", h.Current().Len()).Msg("abstention policy loaded")
+		log.Info().Str("file", h.Path()).Int("rules", h.Current().Len()).Msg("abstention policy loaded")
 		bg.Go(func() {
-			h.Watch(ctx, abstention.PollInterval, func(*abstention.Policy) { reloaded("abstention policy", h.Path())() }, refused("abstention policy", h.Path()))
+			h.Watch(ctx, every, func(*abstention.Policy) { logReload("abstention policy", h.Path()) }, logRefused("abstention policy", h.Path()))
 		})
 	}
 	if l := f.limits; l != nil {
-		log.Info().Str("limits_file", l.Path()).Int("rules", len(l.Current().Rules)).Msg("caller limits loaded")
+		log.Info().Str("file", l.Path()).Int("rules", len(l.Current().Rules)).Msg("caller limits loaded")
 		bg.Go(func() {
-			l.Watch(ctx, abstention.PollInterval, func(*limits.Limits) { reloaded("caller limits", l.Path())() }, refused("caller limits", l.Path()))
+			l.Watch(ctx, every, func(*limits.Limits) { logReload("caller limits", l.Path()) }, logRefused("caller limits", l.Path()))
 		})
 	}
 	if p := f.prices; p != nil {
-		log.Info().Str("prices_file", p.Path()).Msg("prices loaded")
+		log.Info().Str("file", p.Path()).Msg("prices loaded")
 		bg.Go(func() {
-			p.Watch(ctx, abstention.PollInterval, func(*limits.Prices) { reloaded("prices", p.Path())() }, refused("prices", p.Path()))
+			p.Watch(ctx, every, func(*limits.Prices) { logReload("prices", p.Path()) }, logRefused("prices", p.Path()))
 		})
 	}
 }
