@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider/limit"
 )
 
 // call asks the provider chain, heartbeating the delivery while it waits for a slot and while
@@ -30,6 +31,11 @@ func (r *run) call(ctx context.Context) error {
 	beat := newHeartbeat(max(w.opt.Topology.AckWait/3, 10*time.Millisecond), func() { _ = r.msg.InProgress() })
 	defer beat.stop()
 
+	if r.batchID == "" {
+		// Interactive first, also for the provider's slots: an interactive run takes the next
+		// one before batch items already waiting for it.
+		callCtx = limit.Urgent(callCtx)
+	}
 	// Providers log through the context's logger, so their lines carry this run's run_id.
 	res, err := w.chain.Evaluate(r.log.WithContext(callCtx), r.resolved, int(r.meta.NumDelivered))
 	r.attempts = append(r.attempts, res.Attempts...)

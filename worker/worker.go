@@ -336,7 +336,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	// Batch requests may hold at most this many slots, even with no interactive traffic
 	// (SYS1_BATCH_MAX_SHARE), so a burst of interactive requests never waits for more.
-	maxBatch := max(int64(math.Floor(w.cfg.BatchMaxShare*float64(cap(slots)))), 1)
+	// One slot always stays free of batch work, so an interactive request is pulled the moment
+	// it arrives, not when a batch item finishes.
+	maxBatch := max(min(int64(math.Floor(w.cfg.BatchMaxShare*float64(cap(slots)))), int64(cap(slots)-1)), 1)
 	var dead sync.WaitGroup
 	dead.Go(func() { w.deadLetters(ctx, runCtx) })
 	dead.Go(func() { w.labelSubmissions(ctx, runCtx) })
@@ -449,12 +451,12 @@ type delivery struct {
 // FetchWait) for interactive requests, so an idle replica picks up a burst at once and looks
 // at batch work again right after. It returns how many slots it used.
 func (w *Worker) pull(ctx context.Context, n int, maxBatch int64, work chan<- delivery) (int, error) {
-	used, err := w.fetch(ctx, w.cons, n, false, true, work)
+	used, err := w.fetchNoWait(ctx, w.cons, n, false, work)
 	if err != nil {
 		return used, err
 	}
 	if allowance := min(int64(n-used), maxBatch-w.batchInFlight.Load()); allowance > 0 {
-		b, err := w.fetch(ctx, w.batchCons, int(allowance), true, true, work)
+		b, err := w.fetchNoWait(ctx, w.batchCons, int(allowance), true, work)
 		used += b
 		if err != nil {
 			return used, err
@@ -463,23 +465,38 @@ func (w *Worker) pull(ctx context.Context, n int, maxBatch int64, work chan<- de
 	if used > 0 {
 		return used, nil
 	}
-	return w.fetch(ctx, w.cons, n, false, false, work)
+	// Nothing to start: wait for an interactive request — briefly while batch work is in hand,
+	// so a batch slot that frees is filled again soon.
+	wait := w.opt.FetchWait
+	if w.batchInFlight.Load() > 0 {
+		wait = min(wait, batchRecheck)
+	}
+	return w.fetchWait(ctx, w.cons, n, wait, work)
 }
 
-// fetch issues one pull for up to n messages from cons and hands each to the runners as it
-// arrives (a slot is already reserved for each). It returns how many it handed over.
-func (w *Worker) fetch(ctx context.Context, cons jetstream.Consumer, n int, batch, noWait bool, work chan<- delivery) (int, error) {
-	var mb jetstream.MessageBatch
-	var err error
-	if noWait {
-		mb, err = cons.FetchNoWait(n)
-	} else {
-		// The pull is bounded by time, not by ctx: cancelling a pull mid-flight can strand
-		// messages the server already sent until AckWait. Shutdown waits at most FetchWait.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opt.FetchWait)
-		defer cancel()
-		mb, err = cons.Fetch(n, jetstream.FetchContext(fctx))
-	}
+// batchRecheck is how long an idle pull waits for interactive work while batch items are in
+// hand: a bound on how late a freed batch slot is filled again.
+const batchRecheck = 20 * time.Millisecond
+
+// fetchNoWait pulls up to n messages from cons that are there now, and hands each to the
+// runners (a slot is already reserved for each). It returns how many it handed over.
+func (w *Worker) fetchNoWait(ctx context.Context, cons jetstream.Consumer, n int, batch bool, work chan<- delivery) (int, error) {
+	mb, err := cons.FetchNoWait(n)
+	return w.take(ctx, mb, err, n, batch, work)
+}
+
+// fetchWait is a pull of interactive requests that waits up to wait for the first.
+func (w *Worker) fetchWait(ctx context.Context, cons jetstream.Consumer, n int, wait time.Duration, work chan<- delivery) (int, error) {
+	// The pull is bounded by time, not by ctx: cancelling a pull mid-flight can strand
+	// messages the server already sent until AckWait. Shutdown waits at most FetchWait.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
+	defer cancel()
+	mb, err := cons.Fetch(n, jetstream.FetchContext(fctx))
+	return w.take(ctx, mb, err, n, false, work)
+}
+
+// take hands a pull's messages to the runners.
+func (w *Worker) take(ctx context.Context, mb jetstream.MessageBatch, err error, n int, batch bool, work chan<- delivery) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("fetch %d: %w", n, err)
 	}

@@ -46,8 +46,8 @@ type Adaptive struct {
 	mu       sync.Mutex
 	limit    float64 // the estimate; the effective limit is its floor, within [Min, Max]
 	inFlight int
-	waiters  []*waiter // FIFO
-	epoch    uint64    // bumped by every decrease
+	waiters  queue[*waiter] // FIFO, urgent first
+	epoch    uint64         // bumped by every decrease
 	window   window
 	// baseline is the lowest window latency per unit of size (seconds); 0 until the first
 	// window closes. stale counts the congested windows in a row at Min.
@@ -108,13 +108,13 @@ func (a *Adaptive) Acquire(ctx context.Context) (Token, error) {
 		return nil, err
 	}
 	a.mu.Lock()
-	if len(a.waiters) == 0 && a.inFlight < a.effective() {
+	if a.waiters.len() == 0 && a.inFlight < a.effective() {
 		t := a.admitLocked()
 		a.mu.Unlock()
 		return t, nil
 	}
 	w := &waiter{ready: make(chan struct{})}
-	a.waiters = append(a.waiters, w)
+	a.waiters.push(w, isUrgent(ctx))
 	a.mu.Unlock()
 
 	select {
@@ -129,12 +129,7 @@ func (a *Adaptive) Acquire(ctx context.Context) (Token, error) {
 		a.inFlight--
 		a.wakeLocked()
 	} else {
-		for i, x := range a.waiters {
-			if x == w {
-				a.waiters = append(a.waiters[:i], a.waiters[i+1:]...)
-				break
-			}
-		}
+		a.waiters.remove(func(x *waiter) bool { return x == w })
 	}
 	return nil, ctx.Err()
 }
@@ -146,11 +141,13 @@ func (a *Adaptive) admitLocked() *adaptiveToken {
 	return &adaptiveToken{a: a, start: time.Now(), epoch: a.epoch}
 }
 
-// wakeLocked hands free slots to waiters, in order.
+// wakeLocked hands free slots to waiters, in order, the urgent first.
 func (a *Adaptive) wakeLocked() {
-	for len(a.waiters) > 0 && a.inFlight < a.effective() {
-		w := a.waiters[0]
-		a.waiters = a.waiters[1:]
+	for a.inFlight < a.effective() {
+		w, ok := a.waiters.pop()
+		if !ok {
+			return
+		}
 		w.tok = a.admitLocked()
 		close(w.ready)
 	}

@@ -4,5 +4,5 @@ package limit
 func Waiting(a *Adaptive) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.waiters)
+	return a.waiters.len()
 }

@@ -5,7 +5,7 @@ package limit
 
 import (
 	"context"
-	"sync/atomic"
+	"sync"
 	"time"
 )
 
@@ -37,10 +37,14 @@ type Result struct {
 	Ignore bool
 }
 
-// Fixed is a Limiter with a constant limit: a semaphore.
+// Fixed is a Limiter with a constant limit: a semaphore whose waiters are served in arrival
+// order, urgent ones (see Urgent) first.
 type Fixed struct {
-	slots    chan struct{}
-	inFlight atomic.Int64
+	n int
+
+	mu       sync.Mutex
+	inFlight int
+	waiters  queue[chan struct{}]
 }
 
 // NewFixed returns a limiter admitting n calls at once (n ≥ 1).
@@ -48,29 +52,68 @@ func NewFixed(n int) *Fixed {
 	if n < 1 {
 		n = 1
 	}
-	return &Fixed{slots: make(chan struct{}, n)}
+	return &Fixed{n: n}
 }
 
 // Acquire implements Limiter.
 func (f *Fixed) Acquire(ctx context.Context) (Token, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	if f.waiters.len() == 0 && f.inFlight < f.n {
+		f.inFlight++
+		f.mu.Unlock()
+		return fixedToken{f}, nil
+	}
+	ready := make(chan struct{})
+	f.waiters.push(ready, isUrgent(ctx))
+	f.mu.Unlock()
 	select {
-	case f.slots <- struct{}{}:
-		f.inFlight.Add(1)
+	case <-ready:
 		return fixedToken{f}, nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-ready:
+		// The slot came as ctx ended: hand it on.
+		f.inFlight--
+		f.wakeLocked()
+	default:
+		f.waiters.remove(func(c chan struct{}) bool { return c == ready })
+	}
+	return nil, ctx.Err()
+}
+
+// wakeLocked hands free slots to waiters.
+func (f *Fixed) wakeLocked() {
+	for f.inFlight < f.n {
+		w, ok := f.waiters.pop()
+		if !ok {
+			return
+		}
+		f.inFlight++
+		close(w)
 	}
 }
 
 // Limit implements Limiter.
-func (f *Fixed) Limit() int { return cap(f.slots) }
+func (f *Fixed) Limit() int { return f.n }
 
 // InFlight implements Limiter.
-func (f *Fixed) InFlight() int { return int(f.inFlight.Load()) }
+func (f *Fixed) InFlight() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.inFlight
+}
 
 type fixedToken struct{ f *Fixed }
 
 func (t fixedToken) Release(Result) {
-	t.f.inFlight.Add(-1)
-	<-t.f.slots
+	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
+	t.f.inFlight--
+	t.f.wakeLocked()
 }
