@@ -193,6 +193,10 @@ func newlineLen(lastChunk []byte, prevLast byte) int64 {
 		return 2
 	case bytes.HasSuffix(lastChunk, []byte("\n")), bytes.HasSuffix(lastChunk, []byte("\r")): // a last line ending in \r
 		return 1
+	case len(lastChunk) == 0 && prevLast == '\r':
+		// The input ended right after a chunk that filled the buffer with a final \r: the
+		// last read brought nothing but the end.
+		return 1
 	}
 	return 0
 }
