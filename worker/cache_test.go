@@ -1,6 +1,8 @@
 package worker_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -21,6 +23,8 @@ func TestExactCacheHitsMissesAndNewWeights(t *testing.T) {
 	if first.Status != contract.StatusSuccess || h.fake.Calls() != 1 {
 		t.Fatalf("first: %s", first.Raw)
 	}
+	// The answer is stored off the run's path: wait for it.
+	h.waitCacheEntries(1)
 	hit := h.decide("svc-a", []byte(ticket), func(r *client.Request) { r.RunID = "warm" })
 	if hit.Status != contract.StatusSuccess || h.fake.Calls() != 1 || len(hit.Attempts) != 1 || hit.Attempts[0].Outcome != contract.OutcomeCache {
 		t.Fatalf("hit: %s (provider calls %d)", hit.Raw, h.fake.Calls())
@@ -49,6 +53,7 @@ func TestExactCacheHitsMissesAndNewWeights(t *testing.T) {
 		rep := h.decide("svc-a", []byte(ticket))
 		return rep.Attempts[len(rep.Attempts)-1].Outcome == contract.OutcomeOK
 	})
+	h.waitCacheEntries(2)
 	calls := h.fake.Calls()
 	if rep := h.decide("svc-a", []byte(ticket)); rep.Attempts[0].Outcome != contract.OutcomeCache || h.fake.Calls() != calls {
 		t.Errorf("after the new weights' first answer, the cache serves them: %s", rep.Raw)
@@ -67,4 +72,17 @@ func mustAnswers(t *testing.T, rep *client.Reply) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// waitCacheEntries waits until the cache bucket holds at least n entries.
+func (h *harness) waitCacheEntries(n int) {
+	h.t.Helper()
+	kv, err := h.js.KeyValue(context.Background(), h.topo.CacheBucket)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	waitFor(h.t, fmt.Sprint(n, " cache entries"), 10*time.Second, func() bool {
+		keys, err := kv.Keys(context.Background())
+		return err == nil && len(keys) >= n
+	})
 }

@@ -53,7 +53,9 @@ func TestMeasureInteractiveFirst(t *testing.T) {
 		slices.Sort(lat)
 		return lat
 	}
-	p := func(lat []time.Duration, q float64) time.Duration { return lat[min(int(q*float64(len(lat))), len(lat)-1)] }
+	p := func(lat []time.Duration, q float64) time.Duration {
+		return lat[min(int(q*float64(len(lat))), len(lat)-1)]
+	}
 	setup := func() *harness {
 		h := newHarness(t)
 		h.fake.SetLatency(latency)

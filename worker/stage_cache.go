@@ -83,8 +83,15 @@ func (r *run) cacheStore(ctx context.Context) error {
 	if res.Model == "" {
 		res.Model = r.answeredModel
 	}
-	if err := r.w.cache.Put(ctx, *r.cacheKey, res, r.cacheAge); err != nil {
-		r.log.Warn().Err(err).Msg("could not store the answer in the cache")
-	}
+	// Off the run's path: the reply does not wait for the cache (an entry lost to a crash
+	// only costs the next identical request a call).
+	key, age, log := *r.cacheKey, r.cacheAge, r.log
+	r.w.background.Go(func() {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := r.w.cache.Put(pctx, key, res, age); err != nil {
+			log.Warn().Err(err).Msg("could not store the answer in the cache")
+		}
+	})
 	return nil
 }

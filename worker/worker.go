@@ -119,6 +119,8 @@ type Worker struct {
 	// result cache (KV sys1-cache); nil when its bucket is not usable.
 	budget *budget.Budget
 	cache  *cache.Cache
+	// background is work done off a run's path (cache writes); Run waits for it on the way out.
+	background sync.WaitGroup
 	// metrics and tracer observe the runs (observe.go).
 	registry *prometheus.Registry
 	metrics  *metrics.Worker
@@ -429,6 +431,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.opt.NC.FlushWithContext(fctx); err != nil {
 		w.log.Warn().Err(err).Msg("could not flush acks on shutdown; those runs will be answered again from their stored outcome")
 	}
+	w.background.Wait()
 	if fits := w.fits.Load(); fits != nil {
 		_ = fits.Stop()
 	}

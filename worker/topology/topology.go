@@ -423,11 +423,13 @@ func (c Config) CalibrationBucketConfig() jetstream.KeyValueConfig {
 }
 
 // CacheBucketConfig is the exact result cache: each entry carries its own TTL (per-key TTL
-// needs the limit marker, nats-server 2.11+); maxTTL bounds every entry's life.
+// needs the limit marker, nats-server 2.11+); maxTTL bounds every entry's life. It lives in
+// memory: a cache may be lost (a restart only costs calls), and every lookup is on a run's
+// path.
 func (c Config) CacheBucketConfig(maxTTL time.Duration) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
 		Bucket: c.CacheBucket, Description: "sys1 exact result cache",
-		History: 1, TTL: maxTTL, LimitMarkerTTL: time.Minute, Storage: jetstream.FileStorage, Replicas: c.Replicas,
+		History: 1, TTL: maxTTL, LimitMarkerTTL: time.Minute, Storage: jetstream.MemoryStorage, Replicas: c.Replicas,
 	}
 }
 
