@@ -448,8 +448,12 @@ type labelRow struct {
 // set) and groups them per (model, caller, question) in that order. Rows that cannot be used
 // are counted per reason, overall and in their group.
 func (q labelQuery) load(ctx context.Context, conn driver.Conn) (groups []calibration.Group, rows int, skipped map[calibration.SkipReason]int, err error) {
-	sql := "SELECT run_id, caller, model, question, type, labelled_at, label, confidence, prob_keys, prob_values FROM `" + q.database + "`.labelled_answers WHERE labelled_at >= ? AND labelled_at < ?"
-	args := []any{q.since.UTC(), q.until.UTC()}
+	// The window's bounds go as millisecond text: a time.Time argument is sent to ClickHouse in
+	// whole seconds, which would drop every label of the last second before until.
+	sql := "SELECT run_id, caller, model, question, type, labelled_at, label, confidence, prob_keys, prob_values FROM `" + q.database + "`.labelled_answers" +
+		" WHERE labelled_at >= toDateTime64(?, 3, 'UTC') AND labelled_at < toDateTime64(?, 3, 'UTC')"
+	const ms = "2006-01-02 15:04:05.000"
+	args := []any{q.since.UTC().Format(ms), q.until.UTC().Format(ms)}
 	for _, c := range []struct{ col, v string }{{"model", q.model}, {"caller", q.caller}, {"question", q.question}} {
 		if c.v != "" {
 			sql += " AND " + c.col + " = ?"
