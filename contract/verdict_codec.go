@@ -105,7 +105,9 @@ func (v *Verdict) appendJSON(b []byte) []byte {
 		b = append(b, `,"calibrated":`...)
 		b = v.Calibrated.appendJSON(b)
 	}
-	if len(v.Label) > 0 {
+	// A label that is not JSON (only a caller's own struct can hold one) is left out, as if
+	// unset, so that what decodes encodes the same again.
+	if len(v.Label) > 0 && utf8.Valid(v.Label) && json.Valid(v.Label) {
 		b = append(b, `,"label":`...)
 		b = appendCompact(b, v.Label)
 	}
@@ -287,12 +289,7 @@ func (d *recordDecoder) verdict(v *Verdict) error {
 		case "reviewer":
 			return d.str(&v.Reviewer)
 		case "label":
-			if null, err := d.null(); null || err != nil {
-				if null {
-					v.Label = nil
-				}
-				return err
-			}
+			// null is a label ("none of these"), kept as such.
 			raw, err := d.raw()
 			v.Label = raw
 			return err
