@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
@@ -73,6 +74,7 @@ type benchFlags struct {
 	cpuProfile      string
 	memProfile      string
 	memSample       time.Duration
+	batch           int
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -113,6 +115,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, 
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the run (generator and, with --self, the workers) to this file")
 	fs.StringVar(&f.memProfile, "memprofile", "", "write a heap profile (in-use memory when the last reply arrived) to this file")
 	fs.DurationVar(&f.memSample, "mem-sample", 250*time.Millisecond, "--self: memory sampling period")
+	fs.IntVar(&f.batch, "batch", 0, "--self: a batch of this many copies of the template drains beside the interactive load (published and read by the batch client; the load starts once the batch is draining and the batch stops when it ends); with -n 0, the batch alone")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, exitOK, false
@@ -170,6 +173,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 	}
 
 	var rep *loadtest.Report
+	var batchRep *benchBatchReport
 	var runErr error
 	var self *loadtest.Self
 	if f.self {
@@ -207,7 +211,20 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 			return exitUsage
 		}
 		defer nc.Close()
-		rep, runErr = loadtest.Run(ctx, nc, opts)
+		if f.batch > 0 {
+			bb, err := startBenchBatch(ctx, self.URL(), f.caller, body, f.batch)
+			if err != nil {
+				fmt.Fprintf(stderr, "sys1 bench: %v\n", err)
+				return exitUsage
+			}
+			defer bb.cleanup()
+			if batchRep, rep, runErr = f.runBesideBatch(ctx, bb, nc, opts); batchRep == nil {
+				fmt.Fprintf(stderr, "sys1 bench: %v\n", runErr)
+				return exitUsage
+			}
+		} else {
+			rep, runErr = loadtest.Run(ctx, nc, opts)
+		}
 		if rep != nil {
 			rep.Peak = self.Peak()
 		}
@@ -234,7 +251,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "sys1 bench: --memprofile: %v\n", err)
 		}
 	}
-	if rep == nil {
+	if rep == nil && batchRep == nil {
 		fmt.Fprintf(stderr, "sys1 bench: %v\n", runErr)
 		return exitUsage
 	}
@@ -242,7 +259,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sys1 bench: publishing stopped early: %v\n", runErr)
 	}
 
-	out := benchOutput{Setup: f.setup(body), Report: rep}
+	out := benchOutput{Setup: f.setup(body), Report: rep, Batch: batchRep}
 	capacity, realistic := ollamatest.Capacity{}, false
 	if f.self {
 		capacity, realistic = self.ProviderCapacity()
@@ -251,17 +268,24 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 		// The provider bound: its slots busy with the template's service time.
 		if svc := templateService(capacity, body); svc > 0 {
 			out.ProviderBound = float64(capacity.Slots) / svc.Seconds()
-			out.Efficiency = rep.Throughput / out.ProviderBound
 		}
 		q := self.ProviderQueue()
 		out.ProviderQueue = &q
 	} else if f.self && f.providerLatency > 0 && f.replicas > 0 {
 		// The provider bound: every replica's slots busy with calls that take providerLatency.
-		bound := float64(f.replicas*f.concurrency) / f.providerLatency.Seconds()
-		out.ProviderBound = bound
-		out.Efficiency = rep.Throughput / bound
+		out.ProviderBound = float64(f.replicas*f.concurrency) / f.providerLatency.Seconds()
 	}
-	if f.self && f.replicas > 0 && rep.ElapsedMS > 0 && rep.Succeeded > 0 {
+	switch {
+	case out.ProviderBound > 0 && batchRep == nil:
+		out.Efficiency = rep.Throughput / out.ProviderBound
+	case out.ProviderBound > 0 && rep == nil:
+		// The batch alone: its throughput is what the efficiency measures.
+		batchRep.Efficiency = batchRep.Throughput / out.ProviderBound
+		out.Efficiency = batchRep.Efficiency
+	}
+	// With a batch beside it, the provider's busy time is shared with the batch: no
+	// utilisation of the interactive load's own.
+	if f.self && f.replicas > 0 && batchRep == nil && rep.ElapsedMS > 0 && rep.Succeeded > 0 {
 		// How busy the worker kept the provider's slots: the fake's own summed call time over
 		// the run's window and the slots (exact, where the attempts' latency_ms is rounded
 		// down to whole milliseconds), whatever the provider's overhead on its nominal latency.
@@ -288,14 +312,38 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sys1 bench: holding; NATS at %s (workers still running); interrupt to stop\n", self.URL())
 		<-ctx.Done()
 	}
-	if rep.Failed > 0 || rep.PublishErrors > 0 || runErr != nil {
+	if runErr != nil || rep != nil && (rep.Failed > 0 || rep.PublishErrors > 0) ||
+		batchRep != nil && (batchRep.Failed > 0 || batchRep.Error != "") {
 		return exitFailed
 	}
 	return exitOK
 }
 
+// runBesideBatch runs the interactive load once the batch is draining and stops the batch when
+// it ends; with -n 0 it waits for the batch alone. A nil batch report means the batch could
+// not run; err says why.
+func (f *benchFlags) runBesideBatch(ctx context.Context, bb *benchBatch, nc *nats.Conn, opts loadtest.Options) (*benchBatchReport, *loadtest.Report, error) {
+	if f.n == 0 && f.duration <= 0 {
+		if err := bb.wait(ctx); err != nil {
+			return bb.report(), nil, err
+		}
+		return bb.report(), nil, nil
+	}
+	if err := bb.waitDraining(ctx); err != nil {
+		return nil, nil, err
+	}
+	before := bb.snapshot()
+	rep, err := loadtest.Run(ctx, nc, opts)
+	after := bb.snapshot()
+	bb.stop()
+	br := bb.report()
+	br.DuringInteractive = after.Done() - before.Done()
+	br.UnfinishedAfter = after.Total - after.Done()
+	return br, rep, err
+}
+
 // selfOnly are the flags that only mean something with --self.
-var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "concurrency-mode", "provider-latency", "provider-slots", "provider-per-question", "provider-per-kib", "preload", "hold", "mem-sample"}
+var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "concurrency-mode", "provider-latency", "provider-slots", "provider-per-question", "provider-per-kib", "preload", "hold", "mem-sample", "batch"}
 
 // check validates the flags; set holds the names given on the command line.
 func (f *benchFlags) check(set map[string]bool) error {
@@ -312,8 +360,14 @@ func (f *benchFlags) check(set map[string]bool) error {
 	if f.fetchBatch < 0 {
 		errs = append(errs, fmt.Errorf("--fetch-batch must not be negative, got %d", f.fetchBatch))
 	}
-	if f.n == 0 && f.duration <= 0 {
-		errs = append(errs, errors.New("-n 0 needs a --duration"))
+	if f.n == 0 && f.duration <= 0 && f.batch == 0 {
+		errs = append(errs, errors.New("-n 0 needs a --duration (or a --batch to run alone)"))
+	}
+	if f.batch < 0 {
+		errs = append(errs, fmt.Errorf("--batch must not be negative, got %d", f.batch))
+	}
+	if f.batch > 0 && f.preload {
+		errs = append(errs, errors.New("--batch and --preload do not go together: the batch is the backlog"))
 	}
 	if f.producers < 1 {
 		errs = append(errs, fmt.Errorf("-c must be at least 1, got %d", f.producers))
@@ -412,6 +466,8 @@ type benchOutput struct {
 	ProviderMeanCallMS float64 `json:"provider_mean_call_ms,omitempty"`
 	// ProviderQueue is the realistic fake's queue counters (--provider-slots).
 	ProviderQueue *ollamatest.QueueStats `json:"provider_queue,omitempty"`
+	// Batch is the batch that drained beside the load (--batch).
+	Batch *benchBatchReport `json:"batch,omitempty"`
 }
 
 func (o benchOutput) write(w io.Writer, asJSON bool) error {
@@ -435,11 +491,24 @@ func (o benchOutput) write(w io.Writer, asJSON bool) error {
 			fmt.Fprint(w, ", preloaded backlog")
 		}
 	}
+	switch {
+	case o.Batch != nil && o.Report == nil:
+		fmt.Fprintf(w, "; a %d-item batch alone, no interactive load", o.Batch.Items)
+	case o.Batch != nil:
+		fmt.Fprintf(w, "; a %d-item batch draining beside it", o.Batch.Items)
+	}
 	fmt.Fprintln(w)
-	if err := o.Report.WriteText(w); err != nil {
-		return err
+	if o.Report != nil {
+		if err := o.Report.WriteText(w); err != nil {
+			return err
+		}
+	}
+	if o.Batch != nil {
+		o.Batch.write(w)
 	}
 	switch {
+	case o.Efficiency == 0:
+		// A batch beside the load shares the provider: no efficiency of the load's own.
 	case o.ProviderBound > 0 && s.ProviderSlots > 0:
 		fmt.Fprintf(w, "efficiency    %.3f of the provider bound %.2f/s (slots ÷ the template's service time)\n", o.Efficiency, o.ProviderBound)
 	case o.ProviderBound > 0:

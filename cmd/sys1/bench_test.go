@@ -48,6 +48,7 @@ type benchJSON struct {
 	Efficiency          float64                `json:"efficiency"`
 	ProviderUtilisation float64                `json:"provider_utilisation"`
 	ProviderQueue       *ollamatest.QueueStats `json:"provider_queue"`
+	Batch               *benchBatchReport      `json:"batch"`
 }
 
 func runBenchJSON(t *testing.T, args ...string) (benchJSON, string, int) {
@@ -187,6 +188,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		{[]string{"--self", "--provider-slots", "-1"}, "--provider-slots must not be negative"},
 		{[]string{"--self", "--provider-per-question", "1ms"}, "--provider-per-question needs --provider-slots"},
 		{[]string{"--self", "--provider-slots", "1", "--provider-per-kib", "-1ms"}, "--provider-per-kib must not be negative"},
+		{[]string{"--batch", "10"}, "--batch needs --self"},
+		{[]string{"--self", "--batch", "-1"}, "--batch must not be negative"},
+		{[]string{"--self", "--batch", "10", "--preload"}, "--batch and --preload do not go together"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), append([]string{"bench", "--progress", "never"}, tc.args...), &stdout, &stderr)
@@ -266,5 +270,37 @@ func TestBenchDurationIsNotCappedByTheDefaultCount(t *testing.T) {
 		if f.n != tc.n {
 			t.Errorf("%v: -n %d, want %d", tc.args, f.n, tc.n)
 		}
+	}
+}
+
+// --batch N -n 0 drains a batch alone through the real batch client and reports its throughput
+// against the provider bound; with -n it runs the interactive load beside the draining batch
+// and stops the batch when the load ends.
+func TestBenchSelfBatch(t *testing.T) {
+	out, stderr, code := runBenchJSON(t, "--self", "--concurrency", "4", "--provider-latency", "2ms", "-n", "0", "--batch", "60")
+	if code != exitOK {
+		t.Fatalf("batch alone: exit %d\n%s", code, stderr)
+	}
+	b := out.Batch
+	if b == nil || !b.Complete || b.Items != 60 || b.Succeeded != 60 || b.Concluded != 60 || b.Failed != 0 || b.Throughput <= 0 {
+		t.Fatalf("batch alone: %+v", b)
+	}
+	if out.Report.Sent != 0 || out.ProviderBound != 2000 || out.Efficiency != b.Efficiency || b.Efficiency <= 0 {
+		t.Fatalf("batch alone: sent %d, bound %g, efficiency %g (batch %g)", out.Report.Sent, out.ProviderBound, out.Efficiency, b.Efficiency)
+	}
+
+	out, stderr, code = runBenchJSON(t, "--self", "--concurrency", "4", "--provider-latency", "5ms", "-c", "1", "-n", "20", "--batch", "5000")
+	if code != exitOK {
+		t.Fatalf("beside a batch: exit %d\n%s", code, stderr)
+	}
+	b = out.Batch
+	if out.Report.Succeeded != 20 || b == nil || b.Complete || b.Items != 5000 || b.Concluded < 1 || b.Failed != 0 {
+		t.Fatalf("beside a batch: %d succeeded, batch %+v", out.Report.Succeeded, b)
+	}
+	if b.UnfinishedAfter == 0 || b.Concluded+b.UnfinishedAfter > 5000 {
+		t.Fatalf("the batch was still draining when the load ended: %+v", b)
+	}
+	if out.Efficiency != 0 || out.ProviderUtilisation != 0 {
+		t.Fatalf("a shared provider reports no efficiency of the load's own: %g, %g", out.Efficiency, out.ProviderUtilisation)
 	}
 }
