@@ -20,7 +20,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
@@ -109,10 +108,9 @@ func startWorkersWith(t *testing.T, replicas int, latency time.Duration, configu
 		go func() { _ = w.Run(ctx); close(done) }()
 		t.Cleanup(func() { cancel(); <-done })
 		if i == 0 {
-			if _, err := js.Consumer(ctx, topo.RequestsStream, topo.BatchConsumer); errors.Is(err, jetstream.ErrConsumerNotFound) {
-				t.Skipf("the worker does not consume sys1.batch.> yet (no %s consumer): this test needs issue 14's worker side", topo.BatchConsumer)
-			} else if err != nil {
-				t.Fatal(err)
+			// The worker creates the batch consumer at start; without it no batch item is ever read.
+			if _, err := js.Consumer(ctx, topo.RequestsStream, topo.BatchConsumer); err != nil {
+				t.Fatalf("the worker's batch consumer %s: %v", topo.BatchConsumer, err)
 			}
 		}
 	}
