@@ -130,7 +130,7 @@ func TestClusterConfigFromDeploy(t *testing.T) {
 				return false, s.Name() + ": " + st.Error
 			}
 		}
-		return true, ""
+		return natstest.PlacementReady(servers)
 	})
 
 	cfg := topology.Default()

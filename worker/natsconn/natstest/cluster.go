@@ -194,7 +194,30 @@ func (c *Cluster) Healthy() (bool, string) {
 			return false, fmt.Sprintf("%s: %s %s", c.nodes[i].name, st.Status, st.Error)
 		}
 	}
-	return true, ""
+	var running []*server.Server
+	for _, i := range c.Running() {
+		if srv := c.Server(i); srv != nil {
+			running = append(running, srv)
+		}
+	}
+	return PlacementReady(running)
+}
+
+// PlacementReady reports whether the meta leader among servers can place an asset on all of
+// them: it counts every running node as an online JetStream peer. /healthz can say ok a moment
+// before the leader has the other nodes' first statistics, and an R3 stream created in that
+// moment fails with "no suitable peers for placement".
+func PlacementReady(servers []*server.Server) (bool, string) {
+	for _, srv := range servers {
+		if !srv.JetStreamIsLeader() {
+			continue
+		}
+		if peers := srv.JetStreamClusterPeers(); len(peers) < len(servers) {
+			return false, fmt.Sprintf("meta leader %s sees %d of %d JetStream peers (%v)", srv.Name(), len(peers), len(servers), peers)
+		}
+		return true, ""
+	}
+	return false, "no meta leader"
 }
 
 // WaitHealthy waits until Healthy holds, failing the test with the last complaint if within
