@@ -745,12 +745,14 @@ func TestMalformedReplySubjectsAreRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Only a wildcard can match the malformed subjects; it also sees the worker's own pull
-	// traffic, which is told apart by the subjects' prefix below.
+	// traffic on _INBOX.<nuid>. A NUID is 22 base-62 characters, so the "bad-" prefix (with
+	// its hyphen) tells the malformed subjects apart; a bare "_INBOX.a" prefix did not (CI
+	// drew a NUID starting with "a").
 	all, err := h.nc.SubscribeSync("_INBOX.*")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, replyTo := range []string{"_INBOX.a\x00b", "_INBOX.a\x1b[2Jb", "_INBOX.a\xffb", "_INBOX.a\u2028b"} {
+	for _, replyTo := range []string{"_INBOX.bad-\x00b", "_INBOX.bad-\x1b[2Jb", "_INBOX.bad-\xffb", "_INBOX.bad-\u2028b"} {
 		m := nats.NewMsg("sys1.decide.svc-a")
 		m.Data = []byte(ticket)
 		m.Header.Set("Sys1-Reply-To", replyTo)
@@ -769,7 +771,7 @@ func TestMalformedReplySubjectsAreRefused(t *testing.T) {
 	}
 	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
 		m, err := all.NextMsg(100 * time.Millisecond)
-		if err == nil && strings.HasPrefix(m.Subject, "_INBOX.a") {
+		if err == nil && strings.HasPrefix(m.Subject, "_INBOX.bad-") {
 			t.Errorf("a reply was delivered to %q", m.Subject)
 		}
 	}
