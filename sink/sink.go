@@ -347,11 +347,14 @@ func (s *Sink) recreateIfGone(ctx context.Context, l *lane, fetchErr error, gone
 
 // fetch pulls one batch: up to BatchSize messages, waiting at most BatchAge. Bounding the pull
 // itself (not the time since the first message) keeps exactly one pull request outstanding,
-// so no message is ever delivered to a sink that stopped listening.
-func (s *Sink) fetch(ctx context.Context, l *lane, cons jetstream.Consumer) ([]jetstream.Msg, error) {
-	fctx, cancel := context.WithTimeout(ctx, s.cfg.BatchAge)
-	defer cancel()
-	batch, err := cons.Fetch(s.cfg.BatchSize, jetstream.FetchContext(fctx))
+// and bounding it by the server's expiry (FetchMaxWait, not a context) means the client reads
+// until the server's "request expired" status, which follows every message sent for the pull:
+// no message is delivered to a sink that stopped listening (a context deadline stops the
+// client 10% of the wait after the server's expiry, and a record the server sent in that
+// window would sit unacknowledged until AckWait). On shutdown the last pull ends within
+// BatchAge and what it brought is inserted like any other batch.
+func (s *Sink) fetch(_ context.Context, l *lane, cons jetstream.Consumer) ([]jetstream.Msg, error) {
+	batch, err := cons.Fetch(s.cfg.BatchSize, jetstream.FetchMaxWait(s.cfg.BatchAge))
 	if err != nil {
 		return nil, fmt.Errorf("pull from %s/%s: %w", l.stream, l.consumer, err)
 	}

@@ -33,15 +33,14 @@ func (w *Worker) deadLetters(ctx context.Context, runCtx context.Context) {
 	var fails int
 	for ctx.Err() == nil {
 		cons := w.deadCons.Load()
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opt.FetchWait)
-		batch, err := (*cons).Fetch(4, jetstream.FetchContext(fctx))
+		// Bounded by the server's expiry, not a context (see pullWaiting).
+		batch, err := pullWaiting(*cons, 4, w.opt.FetchWait)
 		if err == nil {
 			for m := range batch.Messages() {
 				w.deadLetter(runCtx, m)
 			}
 			err = batch.Error()
 		}
-		cancel()
 		if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
 			fails++
 			delay := min(time.Duration(fails)*200*time.Millisecond, 5*time.Second)

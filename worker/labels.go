@@ -80,11 +80,11 @@ func (w *Worker) consumeLabels(ctx, runCtx context.Context, name string, cons *a
 	var fails int
 	var goneSince time.Time
 	for ctx.Err() == nil {
-		// Bounded by time, not by ctx (see fetch): a pull cancelled mid-flight can strand
-		// messages until AckWait. Messages are handled one at a time and only the one in hand
-		// is kept alive (InProgress) while it retries, so a pull takes few.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opt.FetchWait)
-		batch, err := (*cons.Load()).Fetch(4, jetstream.FetchContext(fctx))
+		// Bounded by the server's expiry, not by ctx (see pullWaiting): a pull the client stops
+		// reading before the server's expiry status can strand messages until AckWait.
+		// Messages are handled one at a time and only the one in hand is kept alive
+		// (InProgress) while it retries, so a pull takes few.
+		batch, err := pullWaiting(*cons.Load(), 4, w.opt.FetchWait)
 		if err == nil {
 			for m := range batch.Messages() {
 				if ctx.Err() != nil {
@@ -95,7 +95,6 @@ func (w *Worker) consumeLabels(ctx, runCtx context.Context, name string, cons *a
 			}
 			err = batch.Error()
 		}
-		cancel()
 		if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 			fails, goneSince = 0, time.Time{}
 			continue

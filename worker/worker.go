@@ -490,12 +490,21 @@ func (w *Worker) fetchNoWait(ctx context.Context, cons jetstream.Consumer, n int
 
 // fetchWait is a pull of interactive requests that waits up to wait for the first.
 func (w *Worker) fetchWait(ctx context.Context, cons jetstream.Consumer, n int, wait time.Duration, work chan<- delivery) (int, error) {
-	// The pull is bounded by time, not by ctx: cancelling a pull mid-flight can strand
-	// messages the server already sent until AckWait. Shutdown waits at most FetchWait.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
-	defer cancel()
-	mb, err := cons.Fetch(n, jetstream.FetchContext(fctx))
+	mb, err := pullWaiting(cons, n, wait)
 	return w.take(ctx, mb, err, n, false, work)
+}
+
+// pullWaiting is every waiting pull the worker makes: up to n messages, waiting at most wait.
+// It is bounded by the server's expiry, not by a client-side context: the client then reads
+// until the server's own "request expired" status, which comes after every message the server
+// sent for the pull. A context deadline (FetchContext) stops the client 10% of the wait after
+// the server's expiry (2 ms at batchRecheck), so a message the server sent just before its
+// expiry could arrive after the client stopped reading and sit unacknowledged until AckWait:
+// an interactive request answered 30 s late (sys1 bench --self --batch saw it in about one
+// run in twelve). Shutdown waits at most wait (plus nats.go's 1 s grace should the status be
+// lost).
+func pullWaiting(cons jetstream.Consumer, n int, wait time.Duration) (jetstream.MessageBatch, error) {
+	return cons.Fetch(n, jetstream.FetchMaxWait(wait))
 }
 
 // take hands a pull's messages to the runners.

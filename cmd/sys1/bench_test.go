@@ -279,7 +279,7 @@ func TestBenchDurationIsNotCappedByTheDefaultCount(t *testing.T) {
 func TestBenchSelfBatch(t *testing.T) {
 	out, stderr, code := runBenchJSON(t, "--self", "--concurrency", "4", "--provider-latency", "2ms", "-n", "0", "--batch", "60")
 	if code != exitOK {
-		t.Fatalf("batch alone: exit %d\n%s", code, stderr)
+		t.Fatalf("batch alone: exit %d\n%s\nbatch %+v", code, stderr, out.Batch)
 	}
 	b := out.Batch
 	if b == nil || !b.Complete || b.Items != 60 || b.Succeeded != 60 || b.Concluded != 60 || b.Failed != 0 || b.Throughput <= 0 {
@@ -291,7 +291,7 @@ func TestBenchSelfBatch(t *testing.T) {
 
 	out, stderr, code = runBenchJSON(t, "--self", "--concurrency", "4", "--provider-latency", "5ms", "-c", "1", "-n", "20", "--batch", "5000")
 	if code != exitOK {
-		t.Fatalf("beside a batch: exit %d\n%s", code, stderr)
+		t.Fatalf("beside a batch: exit %d\n%s\nreport %+v\nbatch %+v", code, stderr, out.Report, out.Batch)
 	}
 	b = out.Batch
 	if out.Report.Succeeded != 20 || b == nil || b.Complete || b.Items != 5000 || b.Concluded < 1 || b.Failed != 0 {
