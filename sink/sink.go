@@ -293,7 +293,7 @@ func (s *Sink) fetchLoop(ctx context.Context, l *lane, cons jetstream.Consumer, 
 	backoff := s.cfg.RetryMin
 	var goneSince time.Time // when the consumer was first found missing (recreateIfGone)
 	for ctx.Err() == nil {
-		msgs, err := s.fetch(ctx, l, cons)
+		msgs, err := s.fetch(l, cons)
 		if len(msgs) > 0 {
 			// Kept alive from now on: the batch may wait behind a flush that is retrying.
 			p := &pending{msgs: msgs, stopKeepAlive: s.keepAlive(msgs)}
@@ -353,7 +353,7 @@ func (s *Sink) recreateIfGone(ctx context.Context, l *lane, fetchErr error, gone
 // client 10% of the wait after the server's expiry, and a record the server sent in that
 // window would sit unacknowledged until AckWait). On shutdown the last pull ends within
 // BatchAge and what it brought is inserted like any other batch.
-func (s *Sink) fetch(_ context.Context, l *lane, cons jetstream.Consumer) ([]jetstream.Msg, error) {
+func (s *Sink) fetch(l *lane, cons jetstream.Consumer) ([]jetstream.Msg, error) {
 	batch, err := cons.Fetch(s.cfg.BatchSize, jetstream.FetchMaxWait(s.cfg.BatchAge))
 	if err != nil {
 		return nil, fmt.Errorf("pull from %s/%s: %w", l.stream, l.consumer, err)
