@@ -442,13 +442,21 @@ func TestHS256Secret(t *testing.T) {
 	c["roles"] = []string{"administrator"}
 	expired := claims()
 	expired["exp"] = time.Now().Add(-time.Hour).Unix()
+	valid := signHS256(t, []byte(secret), "", c)
+	respell := func(tok string, at int, insert string) string { return tok[:at] + insert + tok[at:] }
 	runJWTCases(t, a, &logs, []jwtCase{
-		{name: "valid", header: bearer(signHS256(t, []byte(secret), "", c)), caller: "svc-a"},
+		{name: "valid", header: bearer(valid), caller: "svc-a"},
 		{name: "wrong secret", header: bearer(signHS256(t, []byte(secret+"x"), "", c)), code: contract.CodeUnauthenticated, message: "signature verification failed"},
 		{name: "expired", header: bearer(signHS256(t, []byte(secret), "", expired)), code: contract.CodeUnauthenticated, message: "token expired"},
 		{name: "RS256 token", header: bearer(rs.sign(t, c)), code: contract.CodeUnauthenticated, message: "RS256 is not accepted"},
 		{name: "alg none", header: bearer(unsignedToken(t, "", c)), code: contract.CodeUnauthenticated, message: "alg none"},
 		{name: "forbidden", header: bearer(signHS256(t, []byte(secret), "", claims())), code: contract.CodeForbidden, message: "none of the allowed"},
+		// The same signed bytes, spelled in ways Go's base64 decoders would let through: a CR or
+		// LF inside a segment (skipped by the decoder), the standard alphabet, padding.
+		{name: "CR inside the signature", header: bearer(respell(valid, len(valid)-5, "\r")), code: contract.CodeUnauthenticated, message: "outside base64url"},
+		{name: "LF inside the payload", header: bearer(respell(valid, strings.Index(valid, ".")+3, "\n")), code: contract.CodeUnauthenticated, message: "outside base64url"},
+		{name: "padding", header: bearer(valid + "="), code: contract.CodeUnauthenticated, message: "outside base64url"},
+		{name: "standard alphabet", header: bearer(strings.NewReplacer("-", "+", "_", "/").Replace(valid) + "+/"), code: contract.CodeUnauthenticated, message: "outside base64url"},
 	})
 	if strings.Contains(logs.String(), secret) {
 		t.Fatal("logs leak the HS256 secret")

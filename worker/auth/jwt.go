@@ -135,7 +135,21 @@ func bearerToken(h nats.Header) (string, *contract.Error) {
 	if strings.Count(tok, ".") != 2 {
 		return "", unauthenticated("bearer token is not a compact JWS (header.payload.signature)")
 	}
+	// RFC 7515 §7.1: a compact JWS is base64url without padding and two dots. Go's base64
+	// decoders skip CR and LF and the library also takes the standard alphabet, so without this
+	// check "sig\r..." or "a+b" would verify as a token nobody issued in that spelling.
+	if i := strings.IndexFunc(tok, notCompactJWS); i >= 0 {
+		return "", unauthenticated("bearer token has a character outside base64url at byte %d", i)
+	}
 	return tok, nil
+}
+
+func notCompactJWS(r rune) bool {
+	switch {
+	case r >= 'A' && r <= 'Z', r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+		return false
+	}
+	return true
 }
 
 // verify checks the signature with a key chosen by the worker, then exp, nbf, iat, iss and aud.
