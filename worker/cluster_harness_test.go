@@ -337,19 +337,7 @@ func (h *clusterHarness) startLoad(n, producers int) *clusterLoad {
 	for i := range n {
 		l.waiting[clusterRunID(i)] = make(chan struct{})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cons, err := h.js.OrderedConsumer(ctx, h.topo.RepliesStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{topology.RepliesPrefix + clusterCaller + ".>"},
-	})
-	if err != nil {
-		h.t.Fatalf("reply collector: %v", err)
-	}
-	cc, err := cons.Consume(func(m jetstream.Msg) { l.gotReply(m.Headers().Get(worker.HeaderRunID), m.Data()) })
-	if err != nil {
-		h.t.Fatalf("reply collector: %v", err)
-	}
-	h.t.Cleanup(cc.Stop)
+	l.collectReplies()
 
 	cl, err := client.New(h.nc)
 	if err != nil {
@@ -416,6 +404,62 @@ func (l *clusterLoad) fail(id, why string) {
 	l.failed = append(l.failed, id+": "+why)
 }
 
+// collectReplies reads every reply the workers store in the replies stream and hands it to
+// its producer. It reads with a durable, replicated consumer and plain pulls in a loop, like
+// the worker's own: a JetStream ordered consumer (an R1 consumer that resets itself when its
+// connection fails over) sometimes stopped delivering for good when the node the test is
+// connected to was the one killed, and the whole load then waited on replies already stored.
+func (l *clusterLoad) collectReplies() {
+	h := l.h
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cons, err := h.js.CreateConsumer(ctx, h.topo.RepliesStream, jetstream.ConsumerConfig{
+		Durable:        "test-reply-collector",
+		FilterSubjects: []string{topology.RepliesPrefix + clusterCaller + ".>"},
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        5 * time.Second, // a reply lost with a dying node comes again
+		Replicas:       h.topo.Replicas,
+	})
+	if err != nil {
+		h.t.Fatalf("reply collector: %v", err)
+	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		seen := map[uint64]bool{} // stream sequences handed on: a redelivery is not a second reply
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			batch, err := cons.Fetch(64, jetstream.FetchMaxWait(time.Second))
+			if err == nil {
+				for m := range batch.Messages() {
+					if meta, merr := m.Metadata(); merr == nil && !seen[meta.Sequence.Stream] {
+						seen[meta.Sequence.Stream] = true
+						l.gotReply(m.Headers().Get(worker.HeaderRunID), m.Data())
+					}
+					_ = m.Ack() // if this ack is lost, the redelivery is skipped above
+				}
+				err = batch.Error()
+			}
+			if err != nil && !errors.Is(err, nats.ErrTimeout) {
+				// A node failing over: say so in the log and pull again shortly.
+				fmt.Fprintf(h.logs, "{\"level\":\"warn\",\"message\":\"reply collector: %s\"}\n", strings.ReplaceAll(err.Error(), `"`, `'`))
+				pause := time.NewTimer(50 * time.Millisecond)
+				select {
+				case <-stop:
+					pause.Stop()
+					return
+				case <-pause.C:
+				}
+			}
+		}
+	}()
+	h.t.Cleanup(func() { close(stop); <-stopped })
+}
+
 func (l *clusterLoad) gotReply(id string, data []byte) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -429,7 +473,14 @@ func (l *clusterLoad) gotReply(id string, data []byte) {
 // awaitAnswered waits until at least n runs have their reply.
 func (l *clusterLoad) awaitAnswered(n int, within time.Duration) {
 	l.h.t.Helper()
-	waitFor(l.h.t, fmt.Sprintf("%d runs answered (have %d)", n, l.answered.Load()), within, func() bool { return l.answered.Load() >= int64(n) })
+	deadline := time.Now().Add(within)
+	for l.answered.Load() < int64(n) {
+		if time.Now().After(deadline) {
+			l.h.t.Fatalf("timed out after %s waiting for %d runs answered (have %d)", within, n, l.answered.Load())
+		}
+		tick := time.NewTimer(5 * time.Millisecond) // polling a counter, with a deadline
+		<-tick.C
+	}
 }
 
 // wait waits for every producer to finish (each run answered, or given up on).
