@@ -324,13 +324,20 @@ func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
 // followItems keeps the index fed from the review stream until ctx ends. A consumer that
 // fails (the stream deleted or recreated, a long NATS outage) is rebuilt from the stream's
 // start after a pause, with the index emptied first: sequences of a recreated stream mean
-// other messages.
-func (x *index) followItems(ctx context.Context, js jetstream.JetStream, stream string, maxBytes int) {
+// other messages. A reader that stalls (below) resumes after the last item it read.
+func (x *index) followItems(ctx context.Context, js jetstream.JetStream, stream string, maxBytes int, stallCheck time.Duration) {
+	var from uint64 // 0: the stream's start
 	for ctx.Err() == nil {
-		err := x.consumeItems(ctx, js, stream, maxBytes)
+		err := x.consumeItems(ctx, js, stream, maxBytes, from, stallCheck)
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, errStalled) {
+			from = x.lastItemSeen.Load() + 1
+			x.log.Warn().Err(err).Str("stream", stream).Uint64("from_seq", from).Msg("review items: the reader stalled; reading on from the last item seen")
+			continue
+		}
+		from = 0
 		x.log.Warn().Err(err).Str("stream", stream).Msg("review items: reading the stream failed; starting over")
 		x.itemsReady.Store(false)
 		select {
@@ -339,10 +346,18 @@ func (x *index) followItems(ctx context.Context, js jetstream.JetStream, stream 
 		case <-time.After(topology.RecreateSettle):
 		}
 		x.reset()
+		x.lastItemSeen.Store(0)
 	}
 }
 
-func (x *index) consumeItems(ctx context.Context, js jetstream.JetStream, stream string, maxBytes int) error {
+// errStalled ends a reader that holds back an item the stream has. nats.go's ordered
+// consumer (v1.55) can stop delivering for good when the NATS server its connection was on
+// dies (SIGKILL, no goodbye): it neither resets nor reports an error. Killing the page's
+// server in a 3-node cluster eight times left the page blind to new items (stored, not shown)
+// for over a minute in two of them; with this check, never for more than 10 s.
+var errStalled = errors.New("no item read for a whole check interval while the stream holds a newer one")
+
+func (x *index) consumeItems(ctx context.Context, js jetstream.JetStream, stream string, maxBytes int, from uint64, stallCheck time.Duration) error {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
 		return fmt.Errorf("look up stream %s: %w", stream, err)
@@ -350,7 +365,11 @@ func (x *index) consumeItems(ctx context.Context, js jetstream.JetStream, stream
 	if s.CachedInfo().State.Msgs == 0 {
 		x.itemsReady.Store(true)
 	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{topology.ReviewSubjects}})
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{topology.ReviewSubjects}}
+	if from > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	cons, err := s.OrderedConsumer(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("ordered consumer on %s: %w", stream, err)
 	}
@@ -363,13 +382,62 @@ func (x *index) consumeItems(ctx context.Context, js jetstream.JetStream, stream
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	defer it.Stop()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var stalled atomic.Bool
+	go func() {
+		if x.watchStall(wctx, s, stallCheck) {
+			stalled.Store(true)
+			it.Stop()
+		}
+	}()
 	for {
 		msg, err := it.Next()
 		if err != nil {
+			if stalled.Load() {
+				return errStalled
+			}
 			return err
 		}
 		x.ingest(msg)
 	}
+}
+
+// watchStall reports true once the reader has read nothing for a whole interval while the
+// stream holds an item after the last one read (and false when ctx ends). The check is one
+// stream info per interval; only a suspected stall fetches the next item to confirm it.
+func (x *index) watchStall(ctx context.Context, s jetstream.Stream, every time.Duration) bool {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last := x.lastItemSeen.Load()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		seen := x.lastItemSeen.Load()
+		if seen != last {
+			last = seen
+			continue
+		}
+		if x.holdsAfter(ctx, s, seen) {
+			return true
+		}
+	}
+}
+
+// holdsAfter reports whether the stream has a review item after sequence seq.
+func (x *index) holdsAfter(ctx context.Context, s jetstream.Stream, seq uint64) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := s.Info(ctx)
+	if err != nil || info.State.Msgs == 0 || info.State.LastSeq <= seq {
+		return false // nothing newer, or NATS cannot say now: look again next interval
+	}
+	// The last message may have been deleted by hand: ask for the next item itself.
+	m, err := s.GetMsg(ctx, seq+1, jetstream.WithGetMsgSubject(topology.ReviewSubjects))
+	return err == nil && m.Sequence > seq
 }
 
 // ingest indexes one stream message; a malformed one is counted and logged (without its

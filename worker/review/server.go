@@ -60,13 +60,17 @@ type Config struct {
 	MaxItemBytes int
 	// UsersReload is how often the users file is checked for changes.
 	UsersReload time.Duration
+	// StallCheck is how often the item reader is checked for having stopped while the review
+	// stream holds newer items (it is then restarted after the last item read).
+	StallCheck time.Duration
 }
 
 // DefaultConfig is the configuration with every default in place.
 func DefaultConfig() Config {
 	return Config{Addr: "127.0.0.1:8090", SessionTTL: 12 * time.Hour, StateLimit: 64 << 10, InstructionsLimit: 16 << 10,
 		Topology: topology.Default(), SessionsBucket: "sys1-review-sessions",
-		RecoverAfter: 30 * time.Second, RecoverEvery: 10 * time.Second, MaxItemBytes: 8 << 20, UsersReload: 2 * time.Second}
+		RecoverAfter: 30 * time.Second, RecoverEvery: 10 * time.Second, MaxItemBytes: 8 << 20, UsersReload: 2 * time.Second,
+		StallCheck: 30 * time.Second}
 }
 
 // CheckListen refuses a listen address reachable from other machines when there is no TLS:
@@ -113,6 +117,9 @@ type Server struct {
 // New loads the users file, ensures the streams and buckets the page uses, and prepares the
 // server; Run (or ListenAndServe) starts it.
 func New(ctx context.Context, js jetstream.JetStream, cfg Config, log zerolog.Logger) (*Server, error) {
+	if cfg.StallCheck <= 0 {
+		cfg.StallCheck = DefaultConfig().StallCheck
+	}
 	users, err := livefile.Load(cfg.UsersFile, ParseUsers)
 	if err != nil {
 		return nil, fmt.Errorf("reviewers file: %w", err)
@@ -173,7 +180,9 @@ func (s *Server) Run(ctx context.Context) {
 	run := func(f func()) {
 		go func() { defer func() { done <- struct{}{} }(); f() }()
 	}
-	run(func() { s.idx.followItems(ctx, s.js, s.cfg.Topology.ReviewStream, 2*s.cfg.MaxItemBytes) })
+	run(func() {
+		s.idx.followItems(ctx, s.js, s.cfg.Topology.ReviewStream, 2*s.cfg.MaxItemBytes, s.cfg.StallCheck)
+	})
 	run(func() { s.idx.followLabels(ctx, s.lab.kv) })
 	run(func() { s.idx.pruneAged(ctx, s.js, s.cfg.Topology.ReviewStream, time.Minute) })
 	run(func() { s.lab.recoverLoop(ctx, s.cfg.RecoverEvery) })
