@@ -473,14 +473,13 @@ func (l *clusterLoad) gotReply(id string, data []byte) {
 // awaitAnswered waits until at least n runs have their reply.
 func (l *clusterLoad) awaitAnswered(n int, within time.Duration) {
 	l.h.t.Helper()
-	deadline := time.Now().Add(within)
-	for l.answered.Load() < int64(n) {
-		if time.Now().After(deadline) {
-			l.h.t.Fatalf("timed out after %s waiting for %d runs answered (have %d)", within, n, l.answered.Load())
+	// The count at the deadline, not at the start (waitFor's message is fixed beforehand).
+	defer func() {
+		if l.h.t.Failed() {
+			l.h.t.Logf("%d runs answered when the wait ended", l.answered.Load())
 		}
-		tick := time.NewTimer(5 * time.Millisecond) // polling a counter, with a deadline
-		<-tick.C
-	}
+	}()
+	waitFor(l.h.t, fmt.Sprintf("%d runs answered", n), within, func() bool { return l.answered.Load() >= int64(n) })
 }
 
 // wait waits for every producer to finish (each run answered, or given up on).
