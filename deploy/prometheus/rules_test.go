@@ -260,3 +260,25 @@ func TestPrometheusLoadsTheRules(t *testing.T) {
 		t.Errorf("compose.yaml's prometheus mounts %v: want ./prometheus/prometheus.yml and ./prometheus/rules beside it in /etc/prometheus", mounts)
 	}
 }
+
+// Every alert is listed where operators look: the README's "Operating it" and
+// deploy/README.md's Alerts section.
+func TestAlertsAreDocumented(t *testing.T) {
+	for file, heading := range map[string]string{"../../README.md": "## Operating it", "../README.md": "## Alerts"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, section, ok := strings.Cut(string(b), "\n"+heading+"\n")
+		if !ok {
+			t.Errorf("%s has no %q section", file, heading)
+			continue
+		}
+		section, _, _ = strings.Cut(section, "\n## ")
+		for name := range alerts(t) {
+			if !strings.Contains(section, "`"+name+"`") {
+				t.Errorf("%s, %s: alert %s is not listed", file, heading, name)
+			}
+		}
+	}
+}
