@@ -23,10 +23,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/livefile"
+	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -109,6 +111,8 @@ type Server struct {
 	log      zerolog.Logger
 	now      func() time.Time
 	secure   bool // served over TLS: Secure cookies, HSTS
+	// registry is served on /metrics (metrics.go): the queue's figures, Go and process.
+	registry *prometheus.Registry
 
 	bcryptSlots chan struct{} // bounds concurrent password checks (bcrypt is CPU-bound)
 	fetchSlots  chan struct{} // bounds concurrent full-item reads (items can be megabytes)
@@ -156,6 +160,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config, log zerolog.Lo
 		secure:      cfg.TLSCertFile != "",
 		bcryptSlots: make(chan struct{}, 2),
 		fetchSlots:  make(chan struct{}, 4),
+		registry:    newRegistry(idx),
 	}
 	return s, nil
 }
@@ -306,6 +311,9 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	// The queue's totals for Prometheus (metrics.go), like /healthz without a session: they
+	// name no caller, question or item.
+	mux.Handle("GET /metrics", metrics.Handler(s.registry, s.log))
 	mux.HandleFunc("GET /login", s.loginPage)
 	mux.HandleFunc("POST /login", s.login)
 	mux.HandleFunc("POST /logout", s.withSession(s.logout))
