@@ -137,7 +137,7 @@ func TestRuleUnitTestsCatchABrokenRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, mutation := range []struct{ from, to string }{
-		{"      > 0.05\n", "      > 0.5\n"},                   // SYS1ServiceErrorRatioHigh never fires
+		{"      > 0.05\n", "      > 0.5\n"},                                          // SYS1ServiceErrorRatioHigh never fires
 		{"expr: sys1_worker_provider_up == 0", "expr: sys1_worker_provider_up >= 0"}, // SYS1ProviderDown always fires
 	} {
 		if !bytes.Contains(b, []byte(mutation.from)) {
