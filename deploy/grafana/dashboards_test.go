@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sys1hq/sys1/sink"
@@ -217,59 +219,39 @@ func known(t *testing.T) map[string][]string {
 	return out
 }
 
-var (
-	promString   = regexp.MustCompile(`"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'`)
-	promRange    = regexp.MustCompile(`\[[^\]]*\]`)
-	promMatchers = regexp.MustCompile(`([a-zA-Z_:][a-zA-Z0-9_:]*)?\s*\{([^}]*)\}`)
-	promMatcher  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)`)
-	promGrouping = regexp.MustCompile(`\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)`)
-	promIdent    = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*`)
-	promKeywords = map[string]bool{"by": true, "without": true, "on": true, "ignoring": true, "group_left": true, "group_right": true,
-		"bool": true, "offset": true, "and": true, "or": true, "unless": true, "inf": true, "nan": true}
-)
-
 // promNames returns the metric names an expression selects, with the label names each of its
-// selectors matches on, and the labels the expression groups by.
+// selectors matches on, and the labels the expression groups or matches by (by, on, ignoring),
+// as Prometheus's own parser reads it.
 func promNames(expr string) (selectors map[string][]string, grouping []string, err error) {
-	e := strings.ReplaceAll(expr, "$__rate_interval", "5m")
-	e = promString.ReplaceAllString(e, `""`)
+	e, err := parser.NewParser(parser.Options{}).ParseExpr(strings.ReplaceAll(expr, "$__rate_interval", "5m"))
+	if err != nil {
+		return nil, nil, err
+	}
 	selectors = map[string][]string{}
-	e = promMatchers.ReplaceAllStringFunc(e, func(m string) string {
-		sub := promMatchers.FindStringSubmatch(m)
-		var labels []string
-		for _, lm := range promMatcher.FindAllStringSubmatch(sub[2], -1) {
-			labels = append(labels, lm[1])
-		}
-		if sub[1] == "" {
-			err = fmt.Errorf("a selector without a metric name: %s", m)
-			return " "
-		}
-		selectors[sub[1]] = append(selectors[sub[1]], labels...)
-		return " " + sub[1] + " "
-	})
-	e = promRange.ReplaceAllString(e, " ")
-	e = promGrouping.ReplaceAllStringFunc(e, func(m string) string {
-		sub := promGrouping.FindStringSubmatch(m)
-		for _, l := range strings.Split(sub[2], ",") {
-			if l = strings.TrimSpace(l); l != "" {
-				grouping = append(grouping, l)
+	parser.Inspect(e, func(node parser.Node, _ []parser.Node) error {
+		switch n := node.(type) {
+		case *parser.VectorSelector:
+			if n.Name == "" {
+				err = fmt.Errorf("a selector without a metric name: %s", n)
+				return nil
+			}
+			if _, ok := selectors[n.Name]; !ok {
+				selectors[n.Name] = nil
+			}
+			for _, m := range n.LabelMatchers {
+				if m.Name != labels.MetricName {
+					selectors[n.Name] = append(selectors[n.Name], m.Name)
+				}
+			}
+		case *parser.AggregateExpr:
+			grouping = append(grouping, n.Grouping...)
+		case *parser.BinaryExpr:
+			if n.VectorMatching != nil {
+				grouping = append(grouping, n.VectorMatching.MatchingLabels...)
 			}
 		}
-		return " "
+		return nil
 	})
-	for _, loc := range promIdent.FindAllStringIndex(e, -1) {
-		name := e[loc[0]:loc[1]]
-		rest := strings.TrimLeft(e[loc[1]:], " \t\n")
-		if promKeywords[strings.ToLower(name)] || strings.HasPrefix(rest, "(") {
-			continue // a keyword, a function or an aggregation
-		}
-		if loc[0] > 0 && (e[loc[0]-1] >= '0' && e[loc[0]-1] <= '9' || e[loc[0]-1] == '.') {
-			continue // the exponent or unit of a number (1e3)
-		}
-		if _, ok := selectors[name]; !ok {
-			selectors[name] = nil
-		}
-	}
 	return selectors, grouping, err
 }
 
@@ -342,7 +324,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 }
 
 // The PromQL reader itself: it finds metrics and labels, and skips functions, keywords,
-// strings and ranges.
+// strings and ranges; what does not parse is an error.
 func TestPromNames(t *testing.T) {
 	sels, by, err := promNames(`histogram_quantile(0.99, sum by (le, provider) (rate(x_bucket{worker=~"$worker",a!="b"}[$__rate_interval]))) / on (job) group_left y offset 5m > bool 1e3`)
 	if err != nil {
@@ -351,11 +333,15 @@ func TestPromNames(t *testing.T) {
 	if len(sels) != 2 || !slices.Equal(sels["x_bucket"], []string{"worker", "a"}) || sels["y"] != nil {
 		t.Errorf("selectors %v", sels)
 	}
-	if !slices.Equal(by, []string{"le", "provider", "job"}) {
+	slices.Sort(by)
+	if !slices.Equal(by, []string{"job", "le", "provider"}) {
 		t.Errorf("grouping %v", by)
 	}
 	if _, _, err := promNames(`{__name__="x"}`); err == nil {
 		t.Error("a selector without a metric name passed")
+	}
+	if _, _, err := promNames(`sum by (le (rate(x[5m]))`); err == nil {
+		t.Error("an expression that does not parse passed")
 	}
 }
 
