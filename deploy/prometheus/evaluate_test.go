@@ -320,7 +320,7 @@ func TestDashboardsAndAlertsOnARunningFleet(t *testing.T) {
 		for _, q := range queries {
 			// All replicas (Grafana's "All" is .*), then the one replica a person picks.
 			for _, worker := range []string{".*", fleetReplica} {
-				expr := workerVar.ReplaceAllString(rateInterval.ReplaceAllString(q.expr, "10s"), worker)
+				expr := workerVar.ReplaceAllString(rateInterval.ReplaceAllString(q.expr, "1m"), worker)
 				e, err := p.ParseExpr(expr)
 				if err != nil {
 					t.Errorf("%s: %q: %s does not parse: %v", q.file, q.panel, q.expr, err)
@@ -413,10 +413,12 @@ func TestDashboardsAndAlertsOnARunningFleet(t *testing.T) {
 				t.Errorf("%s: nothing scraped", job)
 				continue
 			}
-			problems, err := promlint.New(strings.NewReader(bodies[len(bodies)-1])).Lint()
+			last := bodies[len(bodies)-1]
+			problems, err := promlint.New(strings.NewReader(last)).Lint()
 			if err != nil {
 				t.Errorf("%s: %v", job, err)
 			}
+			t.Logf("%s: promlint read %d families", job, strings.Count(last, "# TYPE "))
 			for _, pr := range problems {
 				t.Errorf("%s: promlint: %s: %s", job, pr.Metric, pr.Text)
 			}

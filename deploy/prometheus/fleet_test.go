@@ -7,12 +7,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
 
@@ -57,10 +60,11 @@ func fleetRequest(i int, marker string) []byte {
 }
 
 type fleet struct {
-	scraper  *scraper
-	w        *worker.Worker
-	sink     *sink.Sink
-	producer *nats.Conn
+	reviewMetrics string // the review page's /metrics URL
+	scraper       *scraper
+	w             *worker.Worker
+	sink          *sink.Sink
+	producer      *nats.Conn
 }
 
 func startFleet(t *testing.T) *fleet {
@@ -185,7 +189,7 @@ func startFleet(t *testing.T) *fleet {
 
 	producer, _ := connect("producer")
 	return &fleet{
-		w: w, sink: sk, producer: producer,
+		w: w, sink: sk, producer: producer, reviewMetrics: reviewHTTP.URL + "/metrics",
 		scraper: newScraper(t,
 			target{job: "sys1-worker", instance: workerHTTP.Listener.Addr().String(), url: workerHTTP.URL + "/metrics"},
 			target{job: "sys1-sink", instance: sinkHTTP.Listener.Addr().String(), url: sinkHTTP.URL + "/metrics"},
@@ -241,9 +245,9 @@ func (f *fleet) load(ctx context.Context, t *testing.T, interval time.Duration) 
 		}
 	}
 	total := int64(fleetValid + fleetInvalid + fleetBudget + fleetReview + fleetUpstream)
-	waitFor(t, "every run answered and recorded", 60*time.Second, func() bool {
+	waitFor(t, "every run answered and recorded, and the review page showing its items", 60*time.Second, func() bool {
 		st := f.w.Stats()
-		return st.Succeeded+st.Failed >= total && f.sink.Stats().Inserted >= uint64(total)
+		return st.Succeeded+st.Failed >= total && f.sink.Stats().Inserted >= uint64(total) && f.reviewPending(ctx) >= fleetReview
 	})
 	// Two more scrapes after the last answer: every counter has its final value in storage,
 	// and the gauges have settled (in flight 0, lag 0).
@@ -275,4 +279,18 @@ func (s *scraper) scrapes() int {
 		n = max(n, len(b))
 	}
 	return n
+}
+
+// reviewPending is the review page's pending count, as it serves it.
+func (f *fleet) reviewPending(ctx context.Context) int {
+	text, err := target{url: f.reviewMetrics}.fetch(ctx)
+	if err != nil {
+		return 0
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil || fams["sys1_review_pending_items"] == nil {
+		return 0
+	}
+	return int(fams["sys1_review_pending_items"].GetMetric()[0].GetGauge().GetValue())
 }
