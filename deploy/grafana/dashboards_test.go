@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/promql/parser"
 	"go.yaml.in/yaml/v3"
 
@@ -239,7 +239,7 @@ func promNames(expr string) (selectors map[string][]string, grouping []string, e
 				selectors[n.Name] = nil
 			}
 			for _, m := range n.LabelMatchers {
-				if m.Name != labels.MetricName {
+				if m.Name != model.MetricNameLabel {
 					selectors[n.Name] = append(selectors[n.Name], m.Name)
 				}
 			}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/parser"
@@ -115,7 +116,7 @@ func (c *catalogue) check(expr parser.Expr) exprCheck {
 				out.unsampled = append(out.unsampled, name)
 			}
 			for _, m := range n.LabelMatchers {
-				if m.Name == labels.MetricName || m.Matches("") {
+				if m.Name == model.MetricNameLabel || m.Matches("") {
 					continue // matching the absence of a label is always meaningful
 				}
 				if !ls[m.Name] {
@@ -152,7 +153,7 @@ func selectorName(vs *parser.VectorSelector) string {
 		return vs.Name
 	}
 	for _, m := range vs.LabelMatchers {
-		if m.Name == labels.MetricName {
+		if m.Name == model.MetricNameLabel {
 			return m.Value
 		}
 	}
@@ -392,14 +393,14 @@ func TestDashboardsAndAlertsOnARunningFleet(t *testing.T) {
 						t.Errorf("%s: %s: %v", path, s.Series, err)
 						continue
 					}
-					name := l.Get(labels.MetricName)
+					name := l.Get(model.MetricNameLabel)
 					have, ok := cat.labels[name]
 					if !ok {
 						t.Errorf("%s: %q: input series %s is not a metric sys1 or the NATS exporter serves", path, tc.Name, name)
 						continue
 					}
 					l.Range(func(lb labels.Label) {
-						if lb.Name != labels.MetricName && !have[lb.Name] {
+						if lb.Name != model.MetricNameLabel && !have[lb.Name] {
 							t.Errorf("%s: %q: input series %s has label %q, which the served series do not have", path, tc.Name, name, lb.Name)
 						}
 					})

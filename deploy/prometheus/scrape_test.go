@@ -64,7 +64,7 @@ func (s *scraper) scrape(ctx context.Context) error {
 			s.t.Logf("scrape %s %s: %v", tg.job, tg.instance, err)
 		}
 		target := labels.FromStrings("job", tg.job, "instance", tg.instance)
-		if _, aerr := app.Append(0, labels.NewBuilder(target).Set(labels.MetricName, "up").Labels(), ts, up); aerr != nil {
+		if _, aerr := app.Append(0, labels.NewBuilder(target).Set(model.MetricNameLabel, "up").Labels(), ts, up); aerr != nil {
 			return aerr
 		}
 		s.mu.Lock()
@@ -131,7 +131,7 @@ func (s *scraper) appendText(app storage.Appender, text string, target labels.La
 	}
 	n := 0
 	add := func(name string, m *dto.Metric, extra []string, v float64) error {
-		b := labels.NewBuilder(target).Set(labels.MetricName, name)
+		b := labels.NewBuilder(target).Set(model.MetricNameLabel, name)
 		for _, lp := range m.GetLabel() {
 			b.Set(lp.GetName(), lp.GetValue()) // an empty value deletes: as Prometheus stores it
 		}
@@ -144,7 +144,7 @@ func (s *scraper) appendText(app storage.Appender, text string, target labels.La
 			s.labels[name] = map[string]bool{}
 		}
 		l.Range(func(lb labels.Label) {
-			if lb.Name != labels.MetricName {
+			if lb.Name != model.MetricNameLabel {
 				s.labels[name][lb.Name] = true
 			}
 		})
