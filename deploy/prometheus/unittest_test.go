@@ -51,14 +51,7 @@ type unitTest struct {
 		Series string `yaml:"series"`
 		Values string `yaml:"values"`
 	} `yaml:"input_series"`
-	AlertRuleTests []struct {
-		EvalTime  model.Duration `yaml:"eval_time"`
-		Alertname string         `yaml:"alertname"`
-		ExpAlerts []struct {
-			ExpLabels      map[string]string `yaml:"exp_labels"`
-			ExpAnnotations map[string]string `yaml:"exp_annotations"`
-		} `yaml:"exp_alerts"`
-	} `yaml:"alert_rule_test"`
+	AlertRuleTests  []alertRuleTest `yaml:"alert_rule_test"`
 	PromqlExprTests []struct {
 		Expr       string         `yaml:"expr"`
 		EvalTime   model.Duration `yaml:"eval_time"`
@@ -67,6 +60,15 @@ type unitTest struct {
 			Value  float64 `yaml:"value"`
 		} `yaml:"exp_samples"`
 	} `yaml:"promql_expr_test"`
+}
+
+type alertRuleTest struct {
+	EvalTime  model.Duration `yaml:"eval_time"`
+	Alertname string         `yaml:"alertname"`
+	ExpAlerts []struct {
+		ExpLabels      map[string]string `yaml:"exp_labels"`
+		ExpAnnotations map[string]string `yaml:"exp_annotations"`
+	} `yaml:"exp_alerts"`
 }
 
 // loadUnitTestFile reads a test file strictly and resolves its rule files.
