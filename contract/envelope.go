@@ -83,8 +83,9 @@ const (
 // RecordSchemaVersion is the version of the RunRecord shape; bump it on any change. Version 2
 // added batch_id, item_id, record_state, verdicts, review, cache_hit, cost_usd, trace_id and
 // attempts[].model; a version 1 record reads as a version 2 one with those empty (cost_usd
-// null: unknown, not free).
-const RecordSchemaVersion = 2
+// null: unknown, not free). Version 3 added verdicts[].audit_share; an older record reads with
+// it absent (its audit samples' share unknown).
+const RecordSchemaVersion = 3
 
 // MinRecordSchemaVersion is the oldest record shape readers still accept.
 const MinRecordSchemaVersion = 1

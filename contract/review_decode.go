@@ -343,6 +343,11 @@ func (d *strictDecoder) verdict(v *Verdict) error {
 			err = d.str(&v.Reason)
 		case "audit":
 			err = d.boolean(&v.Audit)
+		case "audit_share":
+			var f *float64
+			if err = d.unit(&f); err == nil {
+				v.AuditShare = *f
+			}
 		case "calibrated":
 			v.Calibrated = new(Calibrated)
 			err = d.calibrated(v.Calibrated)

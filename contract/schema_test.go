@@ -169,12 +169,12 @@ func fullAttempts() []Attempt {
 }
 
 // fullVerdicts are verdicts for fullResult's answers with every field of each kind set: a
-// decided choice with a calibrated distribution, an abstained noul sampled for audit, a
-// reviewed score with its label.
+// decided choice with a calibrated distribution under a rule that audits 5%, an abstained
+// noul sampled for audit, a reviewed score with its label.
 func fullVerdicts() Verdicts {
 	conf, noul := 0.42, 0.61
 	return Verdicts{
-		{Question: "label", Status: VerdictDecided, Rule: "tickets", Reason: "confidence 0.62 ≥ 0.50",
+		{Question: "label", Status: VerdictDecided, Rule: "tickets", Reason: "confidence 0.62 ≥ 0.50", AuditShare: 0.05,
 			Calibrated: &Calibrated{Probabilities: []Probability{{"a", 0.7}, {"b", 0.3}}, Confidence: &conf, Temperature: 1.5}},
 		{Question: "n", Status: VerdictAbstained, Rule: "refunds", Reason: "P(yes) 0.30 within [0.20, 0.80]", Audit: true,
 			Calibrated: &Calibrated{Noul: &noul, Temperature: 0.8}},

@@ -30,6 +30,11 @@ type Verdict struct {
 	Reason string `json:"reason"`
 	// Audit marks a decided answer sampled for review anyway (audit_sample).
 	Audit bool `json:"audit,omitempty"`
+	// AuditShare is, on a decided answer, the audit_sample of the rule that decided it: the
+	// chance it had of being sampled for review, whether it was or not. An audit label weighs
+	// 1/AuditShare when sys1 calibrate estimates the traffic's error (0, and absent, when the
+	// rule samples nothing or the answer abstained).
+	AuditShare float64 `json:"audit_share,omitempty"`
 	// Calibrated holds the calibrated distribution when a temperature fit applies.
 	Calibrated *Calibrated `json:"calibrated,omitempty"`
 	// Label and Reviewer are set once a person labelled the question (status reviewed):

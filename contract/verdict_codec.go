@@ -101,6 +101,10 @@ func (v *Verdict) appendJSON(b []byte) []byte {
 	if v.Audit {
 		b = append(b, `,"audit":true`...)
 	}
+	if v.AuditShare > 0 {
+		b = append(b, `,"audit_share":`...)
+		b = appendFloat(b, v.AuditShare)
+	}
 	if v.Calibrated != nil {
 		b = append(b, `,"calibrated":`...)
 		b = v.Calibrated.appendJSON(b)
@@ -286,6 +290,13 @@ func (d *recordDecoder) verdict(v *Verdict) error {
 			return d.str(&v.Reason)
 		case "audit":
 			return d.boolean(&v.Audit)
+		case "audit_share":
+			if null, err := d.null(); null || err != nil {
+				return err
+			}
+			f, err := d.float64()
+			v.AuditShare = f
+			return err
 		case "reviewer":
 			return d.str(&v.Reviewer)
 		case "label":

@@ -24,6 +24,7 @@ var runColumns = []string{
 	"answers.name", "answers.type", "answers.choice", "answers.noul", "answers.score",
 	"answers.confidence", "answers.probabilities",
 	"answers.verdict", "answers.rule", "answers.calibrated_probability", "answers.temperature",
+	"answers.audit_share",
 	"input_tokens", "output_tokens", "reply_to", "request", "result", "record_state",
 	"verdicts", "review_status", "review_item", "cache_hit", "cost_usd",
 	"worker", "version", "schema_version", "trace_id",
@@ -64,6 +65,7 @@ type row struct {
 	ansProbs                    []*orderedProbs
 	ansVerdict, ansRule         []string
 	ansCalibrated, ansTemp      []*float64
+	ansAuditShare               []float64
 
 	inputTokens, outputTokens uint64
 	replyTo, request, result  string
@@ -90,6 +92,7 @@ func (r *row) values() []any {
 		r.attProvider, r.attModel, r.attOutcome, r.attLatency, r.attDetail, r.attDelivery, r.attErrorCode, r.attStartedAt,
 		r.ansName, r.ansType, r.ansChoice, r.ansNoul, r.ansScore, r.ansConf, r.ansProbs,
 		r.ansVerdict, r.ansRule, r.ansCalibrated, r.ansTemp,
+		r.ansAuditShare,
 		r.inputTokens, r.outputTokens, r.replyTo, r.request, r.result, r.recordState,
 		r.verdicts, r.reviewStatus, r.reviewItem, r.cacheHit, r.costUSD,
 		r.worker, r.version, r.schemaVersion, r.traceID,
@@ -208,9 +211,15 @@ func toRow(rec *contract.RunRecord, from origin, mode RecordState) (*row, error)
 	r.ansProbs = make([]*orderedProbs, n)
 	r.ansVerdict, r.ansRule = make([]string, n), make([]string, n)
 	r.ansCalibrated, r.ansTemp = make([]*float64, n), make([]*float64, n)
+	r.ansAuditShare = make([]float64, n)
 	for i, a := range answers {
 		if v, ok := verdictOf(rec.Verdicts, i, a.Name); ok {
 			r.ansVerdict[i], r.ansRule[i] = string(v.Status), v.Rule
+			// A share outside (0, 1] is no probability: stored as unknown (0), never as a
+			// weight that would skew an estimate.
+			if v.AuditShare > 0 && v.AuditShare <= 1 {
+				r.ansAuditShare[i] = v.AuditShare
+			}
 			if c := v.Calibrated; c != nil {
 				r.ansTemp[i] = ptr(c.Temperature)
 				r.ansCalibrated[i] = calibratedTop(&a, c)

@@ -175,7 +175,7 @@ func TestToRowV2Fields(t *testing.T) {
 		// out of order on purpose: matched by name, not position
 		{Question: "urgent", Status: contract.VerdictAbstained, Rule: "urgency", Reason: "P(yes) 0.30 within [0.2, 0.8]",
 			Calibrated: &contract.Calibrated{Noul: &calNoul, Temperature: 0.8}},
-		{Question: "label", Status: contract.VerdictDecided, Rule: "labels", Reason: "confidence 0.53 ≥ 0.5",
+		{Question: "label", Status: contract.VerdictDecided, Rule: "labels", Reason: "confidence 0.53 ≥ 0.5", AuditShare: 0.05,
 			Calibrated: &contract.Calibrated{Probabilities: []contract.Probability{{Key: "spam", P: 0.25}, {Key: "ham", P: 0.75}}, Confidence: &calConf, Temperature: 2}},
 		{Question: "severity", Status: contract.VerdictDecided,
 			Calibrated: &contract.Calibrated{Probabilities: []contract.Probability{{Key: "0", P: 0.2}, {Key: "1", P: 0.5}, {Key: "2", P: 0.3}}, Temperature: 1.2}},
@@ -185,11 +185,20 @@ func TestToRowV2Fields(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.batchID != "tickets-7" || r.itemID != "3" || r.costUSD == nil || *r.costUSD != cost || !r.cacheHit || r.traceID != rec.TraceID ||
-		r.reviewStatus != "pending" || r.reviewItem != rec.Review.Item || r.attModel[0] != "nimble-q4" || r.schemaVersion != 2 {
+		r.reviewStatus != "pending" || r.reviewItem != rec.Review.Item || r.attModel[0] != "nimble-q4" || r.schemaVersion != contract.RecordSchemaVersion {
 		t.Fatalf("v2 columns: %+v", r)
 	}
 	if got := strings.Join(r.ansVerdict, ","); got != "decided,abstained,decided" || strings.Join(r.ansRule, ",") != "labels,urgency," {
 		t.Fatalf("verdict columns %v %v", r.ansVerdict, r.ansRule)
+	}
+	// The audit share (schema version 3) of the decided answer whose rule samples; 0 elsewhere,
+	// and 0 (unknown) for a share that is no probability.
+	if len(r.ansAuditShare) != 3 || r.ansAuditShare[0] != 0.05 || r.ansAuditShare[1] != 0 || r.ansAuditShare[2] != 0 {
+		t.Errorf("audit shares %v", r.ansAuditShare)
+	}
+	rec.Verdicts[1].AuditShare = 1.5
+	if r, _ := toRow(&rec, origin{stream: "SYS1_RUNS", seq: 9, published: time.Now()}, RecordFull); r.ansAuditShare[0] != 0 {
+		t.Errorf("a share of 1.5 stored as %v", r.ansAuditShare[0])
 	}
 	// label chose "ham" (i=3 is odd): its calibrated probability is 0.75; severity's most
 	// probable calibrated level has 0.5; urgent's calibrated P(yes) is 0.33.
@@ -226,7 +235,7 @@ func TestToRowRefusesWhatItCannotStore(t *testing.T) {
 		mut  func(*contract.RunRecord)
 		want string
 	}{
-		{"a newer schema", func(r *contract.RunRecord) { r.SchemaVersion = contract.RecordSchemaVersion + 1 }, "schema_version 3 is not one this sink reads (1–2)"},
+		{"a newer schema", func(r *contract.RunRecord) { r.SchemaVersion = contract.RecordSchemaVersion + 1 }, "schema_version 4 is not one this sink reads (1–3)"},
 		{"a negative cost", func(r *contract.RunRecord) { c := -1.0; r.CostUSD = &c }, "cost_usd -1 is not a cost"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

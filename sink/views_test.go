@@ -30,7 +30,7 @@ func viewRecord(runID, caller string, finished time.Time) contract.RunRecord {
 		}},
 		Verdicts: contract.Verdicts{
 			{Question: "label", Status: contract.VerdictAbstained, Rule: "labels", Reason: "confidence 0.60 < 0.70"},
-			{Question: "urgent", Status: contract.VerdictDecided, Rule: "urgency"},
+			{Question: "urgent", Status: contract.VerdictDecided, Rule: "urgency", AuditShare: 0.02},
 			{Question: "severity", Status: contract.VerdictDecided},
 		},
 	}
@@ -69,6 +69,7 @@ func TestLabelledAnswersView(t *testing.T) {
 		"labelled_at": "DateTime64(3, 'UTC')", "predicted": "String", "label": "String", "correct": "UInt8",
 		"confidence": "Nullable(Float64)", "label_probability": "Float64", "prob_keys": "Array(String)",
 		"prob_values": "Array(Float64)", "reviewer": "String", "source": "String",
+		"verdict": "String", "audit_share": "Float64",
 	}
 	ctx := context.Background()
 	rows, err := e.db.Conn.Query(ctx, "SELECT name, type FROM system.columns WHERE database = ? AND table = 'labelled_answers'", e.db.Name)
@@ -92,6 +93,8 @@ func TestLabelledAnswersView(t *testing.T) {
 
 	type answerRow struct {
 		run, question, typ, predicted, label, reviewer, source string
+		verdict                                                string
+		auditShare                                             float64
 		correct                                                uint8
 		confidence                                             *float64
 		labelProb                                              float64
@@ -99,7 +102,7 @@ func TestLabelledAnswersView(t *testing.T) {
 		values                                                 []float64
 		labelledAt, finishedAt                                 time.Time
 	}
-	rows, err = e.db.Conn.Query(ctx, "SELECT run_id, question, type, predicted, label, reviewer, source, correct, confidence, label_probability, prob_keys, prob_values, labelled_at, finished_at FROM `"+e.db.Name+"`.labelled_answers ORDER BY run_id, question")
+	rows, err = e.db.Conn.Query(ctx, "SELECT run_id, question, type, predicted, label, reviewer, source, correct, confidence, label_probability, prob_keys, prob_values, labelled_at, finished_at, verdict, audit_share FROM `"+e.db.Name+"`.labelled_answers ORDER BY run_id, question")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +110,7 @@ func TestLabelledAnswersView(t *testing.T) {
 	var got []answerRow
 	for rows.Next() {
 		var r answerRow
-		if err := rows.Scan(&r.run, &r.question, &r.typ, &r.predicted, &r.label, &r.reviewer, &r.source, &r.correct, &r.confidence, &r.labelProb, &r.keys, &r.values, &r.labelledAt, &r.finishedAt); err != nil {
+		if err := rows.Scan(&r.run, &r.question, &r.typ, &r.predicted, &r.label, &r.reviewer, &r.source, &r.correct, &r.confidence, &r.labelProb, &r.keys, &r.values, &r.labelledAt, &r.finishedAt, &r.verdict, &r.auditShare); err != nil {
 			t.Fatal(err)
 		}
 		got = append(got, r)
@@ -120,14 +123,14 @@ func TestLabelledAnswersView(t *testing.T) {
 		if r.confidence != nil {
 			conf = fmt.Sprint(*r.confidence)
 		}
-		return fmt.Sprintf("%s/%s %s predicted=%s label=%s correct=%d p=%.2f conf=%s keys=%v values=%v by %s (%s)",
-			r.run, r.question, r.typ, r.predicted, r.label, r.correct, r.labelProb, conf, r.keys, r.values, r.reviewer, r.source)
+		return fmt.Sprintf("%s/%s %s predicted=%s label=%s correct=%d p=%.2f conf=%s keys=%v values=%v by %s (%s) %s share %g",
+			r.run, r.question, r.typ, r.predicted, r.label, r.correct, r.labelProb, conf, r.keys, r.values, r.reviewer, r.source, r.verdict, r.auditShare)
 	}
 	wantRows := []string{
-		"va-1/label choice predicted=spam label=ham correct=0 p=0.20 conf=0.6 keys=[spam ham] values=[0.8 0.2] by ana (review)",
-		"va-1/severity score predicted=2 label=1 correct=0 p=0.30 conf=0.6 keys=[0 1 2] values=[0.2 0.3 0.5] by carla (review)",
-		"va-1/urgent noul predicted=false label=false correct=1 p=0.70 conf=null keys=[false true] values=[0.7 0.3] by ana (review)",
-		"va-2/label choice predicted=spam label=spam correct=1 p=0.80 conf=0.6 keys=[spam ham] values=[0.8 0.2] by ben (review)",
+		"va-1/label choice predicted=spam label=ham correct=0 p=0.20 conf=0.6 keys=[spam ham] values=[0.8 0.2] by ana (review) abstained share 0",
+		"va-1/severity score predicted=2 label=1 correct=0 p=0.30 conf=0.6 keys=[0 1 2] values=[0.2 0.3 0.5] by carla (review) decided share 0",
+		"va-1/urgent noul predicted=false label=false correct=1 p=0.70 conf=null keys=[false true] values=[0.7 0.3] by ana (review) decided share 0.02",
+		"va-2/label choice predicted=spam label=spam correct=1 p=0.80 conf=0.6 keys=[spam ham] values=[0.8 0.2] by ben (review) abstained share 0",
 	}
 	if len(got) != len(wantRows) {
 		var all []string
