@@ -20,6 +20,10 @@
 //	    model: "nimble*"                    # glob, default: any model
 //	    min_confidence: 0.7                 # choice, score: the answer's confidence
 //	    min_probability: 0.6                # choice: the chosen option's; score: the most probable level's
+//	  - name: guaranteed
+//	    caller: payments
+//	    max_error: 0.02                     # at most 2% wrong among decided answers, by a risk fit
+//	    audit_sample: 0.05
 //	  - name: default
 //	    min_confidence: 0.5
 //	    audit_sample: 0.02                  # 2% of decided answers also go to review
@@ -28,8 +32,8 @@
 // question when its caller, question and model globs match and it has something to say about
 // the question's type: a choice or score question is matched by rules that set
 // min_confidence or min_probability, a noul question by rules that set
-// noul_abstain_between, and a rule that sets no threshold (only audit_sample) matches every
-// type. So a choice-only rule never shadows a later noul rule. A question no rule matches
+// noul_abstain_between, a rule with max_error and a rule that sets no threshold (only
+// audit_sample) match every type. So a choice-only rule never shadows a later noul rule. A question no rule matches
 // is decided, with rule "" and reason "no rule matched".
 //
 // Globs are shell-like, path.Match's syntax over whole names, case-sensitive: * is any run
@@ -43,6 +47,18 @@
 // the rule's decided answers to review as well (never holding their reply), chosen by a hash
 // of run id and question name, so a redelivery or a replay samples the same questions.
 //
+// Every decided answer of a rule with audit_sample carries the share in its verdict
+// (audit_share), sampled or not: an audit label weighs 1/share when sys1 calibrate estimates
+// the error of the traffic.
+//
+// max_error: ε compares each answer with the threshold that the risk fit of its model, caller
+// and question (sys1 calibrate --target-error, stored beside the temperature) certified for
+// an error rate of at most ε among decided answers (Input.Risk, RiskFit), on the values the
+// fit was made on: confidence or top probability, calibrated when the fit has a temperature
+// (noul: max(P, 1 − P)). The reason names the fit: "confidence 0.61 < 0.66 (max_error 0.02,
+// fit of 2026-12-01, n 2,000)". Without a fit the answer abstains, "no risk fit (max_error
+// 0.02)"; so it does when the fit certified no threshold for ε. use does not apply to it.
+//
 // use: calibrated compares the calibrated values of a temperature fit (issue 13) when the
 // question has one, and the raw values otherwise (the reason then says "raw: no calibration
 // fit"). The default, raw, always compares the provider's figures. Either way a verdict
@@ -50,7 +66,7 @@
 //
 // Validation at load reports every problem in one error, each with its line and field:
 // unknown or repeated fields, wrong types (a quoted number is a string, not a number),
-// numbers outside [0, 1], lo > hi, bad globs, review modes and use values, missing or
+// numbers outside [0, 1] (max_error: outside (0, 1)), lo > hi, bad globs, review modes and use values, missing or
 // duplicate names, and rules with nothing to do (no threshold and no audit_sample; write
 // min_confidence: 0 for a rule that exempts its questions from the rules after it). A policy
 // with no rules says `rules: []` (every verdict is then "no rule matched"); an empty file, or

@@ -89,6 +89,11 @@ func (p *Policy) Evaluate(in *Input) Outcome {
 			continue
 		}
 		v.Status = contract.VerdictDecided
+		if rule != nil && rule.AuditSample > 0 {
+			// Every decided answer of the rule had this chance of an audit, sampled or not:
+			// what an audit label's weight is made of.
+			v.AuditShare = rule.AuditSample
+		}
 		if audit {
 			v.Audit = true
 			out.Review = appendReview(out.Review, n, Review{Index: i, Question: q.Name, Mode: contract.ReviewNotify, Audit: true})
@@ -141,7 +146,7 @@ func kindOf(t contract.QuestionType) kind {
 // evaluator holds the reasons being written and the checks of the question being judged.
 type evaluator struct {
 	buf        []byte
-	checks     [2]check
+	checks     [3]check
 	nchecks    int
 	usedHeader bool
 }
@@ -154,6 +159,8 @@ const (
 	checkInBand             // noul: lo <= P(yes) <= hi
 	checkMissing            // the answer carries no such value
 	checkInvalid            // NaN or outside [0, 1]
+	checkNoFit              // max_error: no risk fit for the question
+	checkNoThreshold        // max_error: the fit certified no threshold for it
 )
 
 // check is one threshold compared with one figure of the answer.
@@ -166,6 +173,9 @@ type check struct {
 	lo, hi     *threshold // noul_abstain_between
 	band       bool
 	header     bool // min is the producer's Sys1-Min-Confidence
+	// risk is the max_error rule whose fit set min, and fit names that fit ("" without one).
+	risk *Rule
+	fit  string
 }
 
 func (c *check) failed() bool { return c.state != checkPass }
@@ -251,6 +261,14 @@ func (e *evaluator) judge(in *Input, i int, q *contract.Question, k kind, r *Rul
 		}
 	}
 
+	if r != nil && r.MaxError != nil {
+		var fit RiskFit
+		if i < len(in.Risk) {
+			fit = in.Risk[i]
+		}
+		e.riskCheck(k, a, cal, fit, r)
+	}
+
 	failed := false
 	for j := 0; j < e.nchecks; j++ {
 		failed = failed || e.checks[j].failed()
@@ -284,6 +302,78 @@ func (e *evaluator) judge(in *Input, i int, q *contract.Question, k kind, r *Rul
 		audit = true
 	}
 	return false, "", audit
+}
+
+// riskCheck compares the answer with the threshold rule r's risk fit certified for its
+// max_error, on the values the fit was made on (see RiskFit); without a fit, or a threshold
+// for that max_error, the check fails: an error rate nobody measured is not guaranteed.
+func (e *evaluator) riskCheck(k kind, a *contract.Answer, cal *contract.Calibrated, fit RiskFit, r *Rule) {
+	if fit == nil {
+		c := e.add("", false)
+		c.state, c.risk = checkNoFit, r
+		return
+	}
+	t, ok := fit.RiskThreshold(r.maxErr.v)
+	if !ok {
+		c := e.add("", false)
+		c.state, c.risk, c.fit = checkNoThreshold, r, fit.RiskLabel()
+		return
+	}
+	probability, calibrated := fit.RiskValue()
+	var c *check
+	switch {
+	case k == kindNoul:
+		c = e.add("max(P(yes), 1 − P(yes))", calibrated)
+		c.min = newThreshold(t)
+		p := a.Noul
+		if calibrated {
+			if cal == nil || cal.Noul == nil {
+				c.state = checkMissing
+				break
+			}
+			p = *cal.Noul
+		}
+		if !validProbability(p) {
+			c.val, c.state = p, checkInvalid
+			break
+		}
+		c.compareMin(math.Max(p, 1-p))
+	case probability:
+		probs := a.Probabilities
+		if calibrated && cal != nil {
+			probs = cal.Probabilities
+		}
+		if k == kindChoice {
+			c = e.add("probability of the chosen option", calibrated)
+		} else {
+			c = e.add("probability of the most probable level", calibrated)
+		}
+		c.min = newThreshold(t)
+		switch {
+		case calibrated && cal == nil:
+			c.state = checkMissing
+		case k == kindChoice:
+			c.setFrom(chosenProbability(probs, a.Choice))
+		default:
+			c.setFrom(topProbability(probs))
+		}
+	default:
+		c = e.add("confidence", calibrated)
+		c.min = newThreshold(t)
+		conf := a.Confidence
+		if calibrated {
+			conf = nil
+			if cal != nil {
+				conf = cal.Confidence
+			}
+		}
+		if conf == nil {
+			c.state = checkMissing
+		} else {
+			c.compareMin(*conf)
+		}
+	}
+	c.risk, c.fit = r, fit.RiskLabel()
 }
 
 func (e *evaluator) add(what string, calibrated bool) *check {
@@ -367,6 +457,20 @@ func findAnswer(answers []contract.Answer, i int, name string) *contract.Answer 
 }
 
 func (e *evaluator) writeCheck(c *check) {
+	switch c.state {
+	case checkNoFit:
+		e.buf = append(e.buf, "no risk fit (max_error "...)
+		e.buf = append(e.buf, c.risk.maxErr.text...)
+		e.buf = append(e.buf, ')')
+		return
+	case checkNoThreshold:
+		e.buf = append(e.buf, "max_error "...)
+		e.buf = append(e.buf, c.risk.maxErr.text...)
+		e.buf = append(e.buf, " is met at no threshold ("...)
+		e.buf = append(e.buf, c.fit...)
+		e.buf = append(e.buf, ')')
+		return
+	}
 	if c.calibrated {
 		e.buf = append(e.buf, "calibrated "...)
 	}
@@ -408,6 +512,19 @@ func (e *evaluator) writeCheck(c *check) {
 	if c.header {
 		e.buf = append(e.buf, " (Sys1-Min-Confidence)"...)
 	}
+	if c.risk != nil {
+		e.writeRisk(c)
+	}
+}
+
+// writeRisk names the max_error and the fit a threshold came from: " (max_error 0.02, fit of
+// 2026-12-01, n 2,000)".
+func (e *evaluator) writeRisk(c *check) {
+	e.buf = append(e.buf, " (max_error "...)
+	e.buf = append(e.buf, c.risk.maxErr.text...)
+	e.buf = append(e.buf, ", "...)
+	e.buf = append(e.buf, c.fit...)
+	e.buf = append(e.buf, ')')
 }
 
 // writeLimit says which threshold a missing or invalid figure could not be held to.
@@ -417,6 +534,16 @@ func (e *evaluator) writeLimit(c *check) {
 		e.buf = appendAt(e.buf, c.lo, c.lo.prec)
 		e.buf = append(e.buf, " and "...)
 		e.buf = appendAt(e.buf, c.hi, c.hi.prec)
+		e.buf = append(e.buf, ')')
+		return
+	}
+	if c.risk != nil {
+		e.buf = append(e.buf, " (threshold "...)
+		e.buf = appendAt(e.buf, &c.min, c.min.prec)
+		e.buf = append(e.buf, ", max_error "...)
+		e.buf = append(e.buf, c.risk.maxErr.text...)
+		e.buf = append(e.buf, ", "...)
+		e.buf = append(e.buf, c.fit...)
 		e.buf = append(e.buf, ')')
 		return
 	}

@@ -26,6 +26,7 @@ func FuzzParsePolicy(f *testing.F) {
 		"rules:\n  - {name: a, min_confidence: 0.5, review: hold}\n",
 		"rules:\n  - name: a\n    noul_abstain_between: [0.2, 0.8]\n    use: calibrated\n",
 		"rules:\n  - name: a\n    caller: 'x[!a-c]\\*?'\n    audit_sample: 0.5\n",
+		"rules:\n  - {name: a, max_error: 0.02, audit_sample: 0.05}\n  - {name: b, max_error: 1e-9, min_confidence: 0.5}\n",
 		"rules:\n  - &r {name: a, min_confidence: 0.5}\n  - *r\n",
 		"rules:\n  - name: a\n    <<: {min_confidence: 0.5}\n",
 		"rules: [{name: a, min_probability: 1e-3}, {name: b, min_probability: 0x1}]",
@@ -65,6 +66,9 @@ func FuzzParsePolicy(f *testing.F) {
 					t.Fatalf("threshold %v accepted", *v)
 				}
 			}
+			if m := r.MaxError; m != nil && !(*m > 0 && *m < 1) {
+				t.Fatalf("max_error %v accepted", *m)
+			}
 			if b := r.NoulAbstainBetween; b != nil && (!validProbability(b[0]) || !validProbability(b[1]) || b[0] > b[1]) {
 				t.Fatalf("band %v accepted", *b)
 			}
@@ -76,7 +80,8 @@ func FuzzParsePolicy(f *testing.F) {
 		if err != nil || again.Len() != p.Len() {
 			t.Fatalf("second parse differs: %v", err)
 		}
-		out := p.Evaluate(&Input{RunID: "r", Caller: "c", Model: "m", Questions: qs, Answers: as, Calibrated: cal, MinConfidence: 0.5})
+		out := p.Evaluate(&Input{RunID: "r", Caller: "c", Model: "m", Questions: qs, Answers: as, Calibrated: cal, MinConfidence: 0.5,
+			Risk: []RiskFit{fakeRisk{t: 0.5, certified: 0}, fakeRisk{t: 0.5, certified: 0, calibrated: true}, fakeRisk{t: 0.5, certified: 0, probability: true}}})
 		if len(out.Verdicts) != len(qs) {
 			t.Fatalf("%d verdicts", len(out.Verdicts))
 		}

@@ -85,7 +85,7 @@ func (e *ParseError) Error() string {
 // The fields of a rule, in the order the documentation lists them.
 var ruleFields = []string{
 	"name", "caller", "question", "model",
-	"min_confidence", "min_probability", "noul_abstain_between",
+	"min_confidence", "min_probability", "noul_abstain_between", "max_error",
 	"review", "audit_sample", "use",
 }
 
@@ -312,7 +312,7 @@ func (ps *parser) rule(idx int, n *yaml.Node) (Rule, bool) {
 			if v := n.Content[i+1]; r.nameLine == 0 && v.Kind == yaml.ScalarNode && v.ShortTag() == "!!str" {
 				r.Name, r.nameLine = v.Value, v.Line
 			}
-		case "min_confidence", "min_probability", "noul_abstain_between", "audit_sample":
+		case "min_confidence", "min_probability", "noul_abstain_between", "max_error", "audit_sample":
 			hasWork = true
 		}
 	}
@@ -360,6 +360,16 @@ func (ps *parser) rule(idx int, n *yaml.Node) (Rule, bool) {
 			} else {
 				r.MinProbability, r.minProb = &f, newThreshold(f).withText()
 			}
+		case "max_error":
+			f, ok := ps.probability(v, prob)
+			if !ok {
+				return
+			}
+			if f <= 0 || f >= 1 {
+				bad(clipName(v.Value) + " is not in (0, 1): the share of decided answers allowed to be wrong, e.g. 0.02")
+				return
+			}
+			r.MaxError, r.maxErr = &f, newThreshold(f).withText()
 		case "noul_abstain_between":
 			if v.Kind != yaml.SequenceNode || len(v.Content) != 2 {
 				bad("must be a list of two probabilities [lo, hi], not " + describe(v))
@@ -410,15 +420,18 @@ func (ps *parser) rule(idx int, n *yaml.Node) (Rule, bool) {
 	}
 	r.AuditSample = audit
 	thresholds := r.MinConfidence != nil || r.MinProbability != nil || r.NoulAbstainBetween != nil
+	risk := r.MaxError != nil
 	switch {
 	case !hasWork && skipped > 0:
 		// A misspelt threshold is the likely cause; its problem is already reported.
-	case hasWork && !thresholds && audit == 0 && len(ps.problems)+ps.more > before:
+	case hasWork && !thresholds && !risk && audit == 0 && len(ps.problems)+ps.more > before:
 		// A bad threshold value, reported already.
-	case !thresholds && audit == 0:
-		ps.add(Problem{Line: n.Line, Rule: idx, Name: at.Name, Message: "the rule has nothing to do: set min_confidence, min_probability, noul_abstain_between or audit_sample"})
-	case !thresholds && hasReview:
+	case !thresholds && !risk && audit == 0:
+		ps.add(Problem{Line: n.Line, Rule: idx, Name: at.Name, Message: "the rule has nothing to do: set min_confidence, min_probability, noul_abstain_between, max_error or audit_sample"})
+	case !thresholds && !risk && hasReview:
 		ps.add(Problem{Line: n.Line, Rule: idx, Name: at.Name, Field: "review", Message: "has no effect: the rule sets no threshold, so it never abstains (audit samples are always queued as notify)"})
+	case !thresholds && risk && hasUse:
+		ps.add(Problem{Line: n.Line, Rule: idx, Name: at.Name, Field: "use", Message: "has no effect: max_error compares the values its risk fit was made on (calibrated when the fit has a temperature)"})
 	case !thresholds && hasUse:
 		ps.add(Problem{Line: n.Line, Rule: idx, Name: at.Name, Field: "use", Message: "has no effect: the rule sets no threshold"})
 	}
@@ -431,8 +444,9 @@ func (ps *parser) rule(idx int, n *yaml.Node) (Rule, bool) {
 	if r.question.src == "" {
 		r.question, _ = compileGlob(r.Question)
 	}
-	r.forChoiceScore = r.MinConfidence != nil || r.MinProbability != nil || !thresholds
-	r.forNoul = r.NoulAbstainBetween != nil || !thresholds
+	// max_error has something to say about every type; a rule with only audit_sample too.
+	r.forChoiceScore = r.MinConfidence != nil || r.MinProbability != nil || risk || !thresholds
+	r.forNoul = r.NoulAbstainBetween != nil || risk || !thresholds
 	r.useCalibrated = r.Use == UseCalibrated
 	r.auditText = strconv.FormatFloat(audit, 'f', -1, 64)
 	return r, true

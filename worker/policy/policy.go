@@ -24,6 +24,10 @@ type Rule struct {
 	MinConfidence      *float64
 	MinProbability     *float64
 	NoulAbstainBetween *[2]float64
+	// MaxError is the error rate among decided answers the rule guarantees, in (0, 1): it
+	// compares each answer with the threshold a risk fit (sys1 calibrate --target-error)
+	// certified for its model, caller and question, and abstains without one.
+	MaxError *float64
 	// Review is contract.ReviewNone, ReviewNotify (the default) or ReviewHold.
 	Review string
 	// AuditSample is the share of decided answers also sent to review, in [0, 1].
@@ -42,6 +46,7 @@ type Rule struct {
 	forChoiceScore, forNoul bool
 	minConf, minProb        threshold
 	lo, hi                  threshold
+	maxErr                  threshold
 	useCalibrated           bool
 	auditText               string
 }
@@ -109,6 +114,23 @@ type Input struct {
 	Calibrated []*contract.Calibrated
 	// MinConfidence is the producer's Sys1-Min-Confidence (see ParseMinConfidence); 0 is none.
 	MinConfidence float64
+	// Risk holds the risk fits per question, index for index with Questions; nil (or a nil
+	// entry) where none is stored. Only max_error rules read them.
+	Risk []RiskFit
+}
+
+// RiskFit is a stored risk fit (sys1 calibrate --target-error) as a max_error rule uses it.
+type RiskFit interface {
+	// RiskThreshold is the lowest threshold the fit certified for an error of at most
+	// maxError among decided answers; false when it certified none.
+	RiskThreshold(maxError float64) (threshold float64, ok bool)
+	// RiskValue says what its thresholds compare: the top probability (choice: the chosen
+	// option's; score: the most probable level's) or else the confidence, and calibrated
+	// values (the fit's temperature applied) or raw ones. Noul answers compare max(P, 1 − P)
+	// either way.
+	RiskValue() (probability, calibrated bool)
+	// RiskLabel names the fit in reasons: "fit of 2026-12-01, n 2,000".
+	RiskLabel() string
 }
 
 // Outcome is the policy's conclusion about one run.
