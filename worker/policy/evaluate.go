@@ -154,13 +154,13 @@ type evaluator struct {
 type checkState uint8
 
 const (
-	checkPass    checkState = iota
-	checkBelow              // value < minimum
-	checkInBand             // noul: lo <= P(yes) <= hi
-	checkMissing            // the answer carries no such value
-	checkInvalid            // NaN or outside [0, 1]
-	checkNoFit              // max_error: no risk fit for the question
-	checkNoThreshold        // max_error: the fit certified no threshold for it
+	checkPass        checkState = iota
+	checkBelow                  // value < minimum
+	checkInBand                 // noul: lo <= P(yes) <= hi
+	checkMissing                // the answer carries no such value
+	checkInvalid                // NaN or outside [0, 1]
+	checkNoFit                  // max_error: no risk fit for the question
+	checkNoThreshold            // max_error: the fit certified no threshold for it
 )
 
 // check is one threshold compared with one figure of the answer.
