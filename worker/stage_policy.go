@@ -16,10 +16,11 @@ func (r *run) policy(context.Context) error {
 	if h == nil || r.resp == nil {
 		return nil
 	}
+	calibrated, risks := r.fitsFor()
 	out := h.Current().Evaluate(&policy.Input{
 		RunID: r.runID, Caller: r.identity.Caller, Model: r.resolved.Model,
 		Questions: r.resolved.Questions, Answers: r.resp.Answers,
-		Calibrated: r.calibrated(), MinConfidence: r.minConfidence,
+		Calibrated: calibrated, Risk: risks, MinConfidence: r.minConfidence,
 	})
 	r.verdicts, r.reviews, r.hold = out.Verdicts, out.Review, out.Hold()
 	if len(out.Review) > 0 {
@@ -28,22 +29,34 @@ func (r *run) policy(context.Context) error {
 	return nil
 }
 
-// calibrated is the answers after the temperature fits that apply to them (one per question,
-// nil where none does): fits are per model — the model that answered, as the record names it
-// — caller and question, so a fit never applies to another model's probabilities.
-func (r *run) calibrated() []*contract.Calibrated {
+// fitsFor is what the fits that apply to the run's questions give the policy, one entry per
+// question (nil where none does): the answers after their temperature, and the risk fits of
+// max_error rules. Fits are per model — the model that answered, as the record names it —
+// caller and question, so a fit never applies to another model's probabilities. A fit's
+// temperature applies only when it converged (a fit stored for its risk threshold alone
+// carries none).
+func (r *run) fitsFor() (calibrated []*contract.Calibrated, risks []policy.RiskFit) {
 	fits := r.w.fits.Load()
 	if fits == nil || fits.Len() == 0 {
-		return nil
+		return nil, nil
 	}
 	model := r.resp.Model
 	if model == "" {
 		model = r.answeredModel
 	}
-	var out []*contract.Calibrated
+	n := len(r.resolved.Questions)
 	for i, q := range r.resolved.Questions {
 		fit, ok := fits.Lookup(model, r.identity.Caller, q.Name)
 		if !ok {
+			continue
+		}
+		if fit.Risk != nil {
+			if risks == nil {
+				risks = make([]policy.RiskFit, n)
+			}
+			risks[i] = fit.Risk
+		}
+		if !fit.AppliesTemperature() {
 			continue
 		}
 		a := answerNamed(r.resp.Answers, q.Name)
@@ -55,10 +68,10 @@ func (r *run) calibrated() []*contract.Calibrated {
 			r.log.Warn().Err(err).Str("question", q.Name).Msg("calibration fit does not apply to this answer; left uncalibrated")
 			continue
 		}
-		if out == nil {
-			out = make([]*contract.Calibrated, len(r.resolved.Questions))
+		if calibrated == nil {
+			calibrated = make([]*contract.Calibrated, n)
 		}
-		out[i] = &c
+		calibrated[i] = &c
 	}
-	return out
+	return calibrated, risks
 }

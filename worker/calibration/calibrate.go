@@ -34,6 +34,13 @@ type Fit struct {
 	After       Metrics     `json:"after"`
 	FittedAt    time.Time   `json:"fitted_at"`
 	Window      Window      `json:"window"`
+	// Risk is the risk fit (sys1 calibrate --target-error), nil without one. A fit stored for
+	// its risk part although its temperature did not converge has Temperature 1 and Converged
+	// false, and workers do not apply its temperature.
+	Risk *Risk `json:"risk,omitempty"`
+	// Evaluation is the latest scheduled evaluation (sys1 calibrate --report --apply), which
+	// the workers export as metrics; nil until one ran.
+	Evaluation *Evaluation `json:"evaluation,omitempty"`
 }
 
 // Window is the label window a fit learnt from: the query's bounds [Since, Until) on
@@ -47,6 +54,10 @@ type Window struct {
 
 // Key is the fit's KV key.
 func (f *Fit) Key() string { return Key(f.Model, f.Caller, f.Question) }
+
+// AppliesTemperature reports whether workers apply the fit's temperature: only a converged
+// one (a fit stored for its risk threshold alone carries T = 1, not converged).
+func (f *Fit) AppliesTemperature() bool { return f.Converged }
 
 // Validate checks what a worker relies on before applying a fit: the format, the names, a
 // question type and a finite temperature within the bounds.
@@ -71,6 +82,14 @@ func (f *Fit) Validate() error {
 	}
 	if f.N < 1 {
 		errs = append(errs, fmt.Sprintf("n %d: a fit needs labels", f.N))
+	}
+	if f.Risk != nil {
+		if err := f.Risk.Validate(); err != nil {
+			errs = append(errs, err.Error())
+		}
+		if f.Risk.Calibrated && !f.Converged {
+			errs = append(errs, "the risk thresholds are on calibrated values, but the temperature did not converge (and is not applied)")
+		}
 	}
 	if len(errs) > 0 {
 		return errors.New(strings.Join(errs, "; "))

@@ -52,6 +52,9 @@ func Decode(key string, value []byte) (*Fit, error) {
 	if f.Model != model || f.Caller != caller || f.Question != question {
 		return nil, fmt.Errorf("value is the fit of model %q, caller %q, question %q, not of its key", f.Model, f.Caller, f.Question)
 	}
+	if f.Risk != nil {
+		f.Risk.prepare()
+	}
 	return &f, nil
 }
 
