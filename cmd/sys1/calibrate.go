@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -28,12 +29,15 @@ import (
 )
 
 func init() {
-	register(command{name: "calibrate", summary: "fit temperature scaling from labels; list or delete stored fits", run: runCalibrate})
+	register(command{name: "calibrate", summary: "fit temperature scaling and risk thresholds from labels; report, list or delete stored fits", run: runCalibrate})
 }
 
 const calibrateUsage = `usage: sys1 calibrate [--since 30d] [--until TIME] [--model M] [--caller C] [--question Q]
                       [--min-labels 50] [--thresholds 0.5,0.7,0.9] [--threshold-on confidence|probability]
+                      [--target-error ε [--delta 0.1] [--labels review]]
                       [--plot-dir DIR] [--json] [--dry-run | --apply]
+       sys1 calibrate --report [--since 30d] [--until TIME] [--model M] [--caller C] [--question Q]
+                      [--delta 0.1] [--labels review] [--json] [--apply]
        sys1 calibrate --list [--model M] [--caller C] [--question Q] [--json]
        sys1 calibrate --delete KEY... | --delete [--model M] [--caller C] [--question Q]
 
@@ -45,13 +49,30 @@ those a policy rule with that minimum decides instead of abstaining) with the ac
 them. Nothing is stored unless --apply: then the converged fits go to the KV bucket
 SYS1_CALIBRATION_BUCKET (sys1-calibration), where workers pick them up without a restart.
 
+With --target-error ε it also fits, per group, the risk threshold: the most permissive
+threshold on confidence (or top probability, --threshold-on; calibrated when the temperature
+converged) whose upper confidence bound on the error among the answers it decides is at
+most ε with probability at least 1 - δ (--delta). Labels weigh the inverse of their chance of
+being labelled: 1 for a reviewed abstention, 1/share for an audit sample (audit_sample);
+producers' labels join only with --labels producer (weight 1: their sampling is unknown). It
+prints n, the threshold, coverage, the error among decided answers and its bound, or that no
+threshold meets ε ("abstain all"); --apply stores it beside the temperature, for policy rules
+with max_error.
+
+--report prints, per question, the decided answers' error estimated from audit samples alone
+with its interval, coverage and abstention rate (from the run records), and ECE on the labels
+newer than the stored fit against the fit's own; with --apply it stores these figures in each
+stored fit, where the workers export them as metrics (the scheduled evaluation: a CronJob).
+
 Question names key the fits: a question renamed between runs is a new question, with its own
 labels and its own fit; the old name's fit stays in the bucket, applying to nothing, until
 --delete. A question whose type changed is fitted on the rows of its latest type only.
 
-Exit status: 0 when at least one fit was made (and, with --apply, stored), 1 when none was
-(an empty window, too few labels) or storing failed, 2 on usage, configuration or connection
-errors. ClickHouse: SYS1_CLICKHOUSE_DSN, SYS1_CLICKHOUSE_DATABASE [sys1]. NATS (--apply, --list,
+Exit status: 0 when at least one fit was made (and, with --apply, stored; with --target-error,
+at least one risk fit), 1 when none was (an empty window, too few labels) or storing failed,
+2 on usage, configuration or connection errors. --report: 0 when it reported on a question
+(and, with --apply, stored every evaluation it could), 1 when there was nothing to report or
+storing failed. ClickHouse: SYS1_CLICKHOUSE_DSN, SYS1_CLICKHOUSE_DATABASE [sys1]. NATS (--apply, --list,
 --delete): SYS1_NATS_URL and SYS1_NATS_* as for 'sys1 decide'.
 
 flags:
@@ -66,6 +87,11 @@ type calibrateFlags struct {
 	thresholdOn                    string
 	plotDir                        string
 	json, apply, dryRun, list, del bool
+	// risk control (--target-error, --delta, --labels) and the report
+	targetError, delta float64
+	targetSet, report  bool
+	labels             string
+	set                map[string]bool // flags given on the command line
 }
 
 func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -87,6 +113,10 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.BoolVar(&f.dryRun, "dry-run", false, "print what would be stored, store nothing (the default)")
 	fs.BoolVar(&f.list, "list", false, "list the fits stored in the calibration bucket")
 	fs.BoolVar(&f.del, "delete", false, "delete stored fits: the KEYs given, or those matching --model/--caller/--question")
+	fs.Float64Var(&f.targetError, "target-error", 0, "also fit the risk threshold guaranteeing at most this error among decided answers (ε in (0, 1), e.g. 0.05)")
+	fs.Float64Var(&f.delta, "delta", 0.1, "the chance the risk guarantee may fail (δ in (0, 1)); --report: its intervals are at 1 - δ")
+	fs.StringVar(&f.labels, "labels", "review", "labels for risk fits and reports: review (reviewed abstentions and audit samples, weighted), producer, or review,producer")
+	fs.BoolVar(&f.report, "report", false, "report the decided answers' error from audit samples, coverage, abstention rate and ECE drift per question; with --apply, store them for the workers' metrics")
 	// Flags may come before or after KEYs (sys1 calibrate --delete KEY --model m is refused
 	// with a message, not misread): parse again after each argument, as 'sys1 decide' does.
 	// After "--" everything is an argument.
@@ -111,8 +141,11 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stderr, "sys1 calibrate: "+format+"\n", a...)
 		return exitUsage
 	}
+	f.set = map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	f.targetSet = f.set["target-error"]
 	modes := 0
-	for _, on := range []bool{f.apply || f.dryRun, f.list, f.del} {
+	for _, on := range []bool{(f.apply || f.dryRun) && !f.report, f.list, f.del, f.report} {
 		if on {
 			modes++
 		}
@@ -121,9 +154,18 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	case f.apply && f.dryRun:
 		return usage("--apply and --dry-run contradict each other")
 	case modes > 1:
-		return usage("--list, --delete and fitting (--apply, --dry-run) are separate modes; give one")
+		return usage("--list, --delete, --report and fitting (--apply, --dry-run) are separate modes; give one")
 	case len(positional) > 0 && !f.del:
 		return usage("unexpected arguments %q (keys are for --delete)", positional)
+	case f.report && f.targetSet:
+		return usage("--target-error is for fitting: --report measures each stored fit against its own target")
+	case f.report && (f.set["thresholds"] || f.set["plot-dir"] || f.set["threshold-on"] || f.set["min-labels"]):
+		return usage("--thresholds, --threshold-on, --min-labels and --plot-dir are for fitting, not --report")
+	case !f.targetSet && !f.report && (f.set["delta"] || f.set["labels"]):
+		return usage("--delta and --labels go with --target-error or --report")
+	}
+	if f.report {
+		return calibrateReportMode(ctx, f, time.Now(), stdout, stderr)
 	}
 	if f.list {
 		return calibrateList(ctx, f, stdout, stderr)
@@ -182,6 +224,14 @@ type fitReport struct {
 	NotStore string           `json:"not_stored,omitempty"` // why --apply left it out
 	Plot     string           `json:"plot,omitempty"`
 	Fit      *calibration.Fit `json:"fit"`
+	// RiskNoFit says why the group got no risk fit (--target-error); the fit's risk is nil.
+	RiskNoFit *riskNoFit `json:"risk_no_fit,omitempty"`
+}
+
+// riskNoFit is why a group got no risk fit.
+type riskNoFit struct {
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
 }
 
 // noFitReport is one group without a fit.
@@ -206,8 +256,13 @@ type calibrateReport struct {
 	DryRun      bool                    `json:"dry_run"`
 	Bucket      string                  `json:"bucket"`
 	ThresholdOn calibration.ThresholdOn `json:"threshold_on"`
-	Fits        []fitReport             `json:"fits"`
-	NoFit       []noFitReport           `json:"no_fit"`
+	// TargetError, Delta and Labels are the risk fit's settings (--target-error); absent
+	// without one.
+	TargetError float64       `json:"target_error,omitempty"`
+	Delta       float64       `json:"delta,omitempty"`
+	Labels      string        `json:"labels,omitempty"`
+	Fits        []fitReport   `json:"fits"`
+	NoFit       []noFitReport `json:"no_fit"`
 }
 
 func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, stderr io.Writer) int {
@@ -237,6 +292,7 @@ func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, 
 		if on, err = calibration.ParseThresholdOn(f.thresholdOn); err != nil {
 			errs = append(errs, fmt.Errorf("--threshold-on: %w", err))
 		}
+		errs = append(errs, riskFlagErrors(f)...)
 		return errs
 	})
 	if err := loadConfig(&cfg, requireDSN(&cfg), &topo, flags); err != nil {
@@ -258,7 +314,9 @@ func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, 
 		return exitUsage
 	}
 	defer conn.Close()
-	q := labelQuery{database: cfg.Database, since: since, until: until, model: f.model, caller: f.caller, question: f.question}
+	sources, _ := calibration.ParseSources(f.labels) // checked with the flags
+	q := labelQuery{database: cfg.Database, since: since, until: until, model: f.model, caller: f.caller, question: f.question,
+		risk: f.targetSet, sources: sources}
 	groups, rows, skipped, err := q.load(ctx, conn)
 	if err != nil {
 		fmt.Fprintf(stderr, "sys1 calibrate: %v\n", err)
@@ -270,6 +328,9 @@ func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, 
 		DryRun: !f.apply, Bucket: topo.CalibrationBucket, ThresholdOn: on,
 		Fits: []fitReport{}, NoFit: []noFitReport{},
 	}
+	if f.targetSet {
+		rep.TargetError, rep.Delta, rep.Labels = f.targetError, f.delta, sources.String()
+	}
 	if len(skipped) > 0 {
 		rep.Skipped = map[string]int{}
 		for r, n := range skipped {
@@ -277,10 +338,17 @@ func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, 
 		}
 	}
 	opts := calibration.Options{MinLabels: f.minLabels, Measure: calibration.MeasureOptions{Thresholds: thresholds, ThresholdOn: on}, Since: since, Until: until, Now: now}
-	for _, g := range groups {
+	riskOpts := calibration.RiskOptions{TargetError: f.targetError, Delta: f.delta, Sources: sources, ThresholdOn: on, MinLabels: f.minLabels, Now: now}
+	riskFits := 0
+	for _, gd := range groups {
+		g := gd.Group
 		fit, err := calibration.Calibrate(g, opts)
 		var nf *calibration.NoFitError
 		switch {
+		case errors.As(err, &nf) && f.targetSet && nf.Reason == calibration.NoFitOneClass:
+			// No temperature from labels of one class, but a threshold may still be
+			// certified: a fit that carries the risk part alone.
+			fit = calibration.RiskOnlyFit(g, opts, nf.Message)
 		case errors.As(err, &nf):
 			rep.NoFit = append(rep.NoFit, noFitReport{Model: g.Model, Caller: g.Caller, Question: g.Question, Type: g.Type, N: len(g.Samples), Reason: string(nf.Reason), Message: nf.Message})
 			continue
@@ -289,7 +357,35 @@ func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, 
 			return exitFailed
 		}
 		r := fitReport{Key: fit.Key(), Fit: &fit}
-		if !fit.Converged {
+		if f.targetSet {
+			T := 0.0
+			if fit.Converged {
+				T = fit.Temperature
+			}
+			risk, err := calibration.FitRisk(g.Type, gd.Risk, gd.RiskSkipped, T, riskOpts)
+			switch {
+			case errors.As(err, &nf):
+				r.RiskNoFit = &riskNoFit{Reason: string(nf.Reason), Message: nf.Message}
+			case err != nil:
+				fmt.Fprintf(stderr, "sys1 calibrate: %s: risk: %v\n", fit.Key(), err)
+				return exitFailed
+			default:
+				fit.Risk = risk
+				riskFits++
+			}
+		}
+		switch {
+		case !fit.Converged && fit.Risk != nil && fit.Temperature != 1:
+			// Stored for its threshold, with a temperature no worker applies (T = 1 for
+			// older workers, which apply every temperature they find).
+			fit.Note = fmt.Sprintf("fitted T %.3f did not converge (%s): not applied, T = 1 stored", fit.Temperature, fit.Note)
+			fit.Temperature = 1
+		case !fit.Converged && fit.Risk == nil && errors.As(err, &nf):
+			// Neither a temperature (labels of one class) nor a threshold.
+			rep.NoFit = append(rep.NoFit, noFitReport{Model: g.Model, Caller: g.Caller, Question: g.Question, Type: g.Type, N: len(g.Samples), Reason: string(nf.Reason),
+				Message: nf.Message + "; risk: " + r.RiskNoFit.Message})
+			continue
+		case !fit.Converged && fit.Risk == nil:
 			r.NotStore = "did not converge: " + fit.Note
 		}
 		if f.plotDir != "" {
@@ -314,7 +410,7 @@ func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, 
 			stored++
 		}
 	}
-	if len(rep.Fits) == 0 || (f.apply && stored == 0) {
+	if len(rep.Fits) == 0 || (f.apply && stored == 0) || (f.targetSet && riskFits == 0) {
 		code = exitFailed
 	}
 	if f.json {
@@ -335,8 +431,25 @@ func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, 
 		fmt.Fprintf(stderr, "sys1 calibrate: no fit made (%d groups without one; see above)\n", len(rep.NoFit))
 	case f.apply && stored == 0:
 		fmt.Fprintf(stderr, "sys1 calibrate: no fit stored (none converged; see above)\n")
+	case f.targetSet && riskFits == 0:
+		fmt.Fprintf(stderr, "sys1 calibrate: no risk fit made for --target-error %g (see above)\n", f.targetError)
 	}
 	return code
+}
+
+// riskFlagErrors checks --target-error, --delta and --labels.
+func riskFlagErrors(f calibrateFlags) []error {
+	var errs []error
+	if f.targetSet && !(f.targetError > 0 && f.targetError < 1) {
+		errs = append(errs, fmt.Errorf("--target-error: %v is not in (0, 1): give the share of decided answers allowed to be wrong, e.g. 0.05", f.targetError))
+	}
+	if !(f.delta > 0 && f.delta < 1) {
+		errs = append(errs, fmt.Errorf("--delta: %v is not in (0, 1): give the chance the guarantee may fail, e.g. 0.1", f.delta))
+	}
+	if _, err := calibration.ParseSources(f.labels); err != nil {
+		errs = append(errs, fmt.Errorf("--labels: %w", err))
+	}
+	return errs
 }
 
 func parseThresholdList(s string) ([]float64, error) {
@@ -406,6 +519,10 @@ type labelQuery struct {
 	database                string
 	since, until            time.Time
 	model, caller, question string
+	// risk also reads what a risk fit weighs labels by (source, verdict, audit_share,
+	// correct), and sources chooses the labels it uses.
+	risk    bool
+	sources calibration.Sources
 }
 
 func (q labelQuery) filters() map[string]string {
@@ -442,15 +559,34 @@ type labelRow struct {
 	confidence                          *float64
 	keys                                []string
 	values                              []float64
+	// read for risk fits only
+	source, verdict string
+	auditShare      float64
+	correct         uint8
+}
+
+// labelGroup is one group's samples: for the temperature, and for a risk fit with the time
+// each was labelled.
+type labelGroup struct {
+	calibration.Group
+	// At is when each of Group.Samples was labelled.
+	At          []time.Time
+	Risk        []calibration.RiskSample
+	RiskAt      []time.Time
+	RiskSkipped map[calibration.SkipReason]int
 }
 
 // load reads the window's rows (only the columns named here, all in the view's documented
 // set) and groups them per (model, caller, question) in that order. Rows that cannot be used
 // are counted per reason, overall and in their group.
-func (q labelQuery) load(ctx context.Context, conn driver.Conn) (groups []calibration.Group, rows int, skipped map[calibration.SkipReason]int, err error) {
+func (q labelQuery) load(ctx context.Context, conn driver.Conn) (groups []labelGroup, rows int, skipped map[calibration.SkipReason]int, err error) {
 	// The window's bounds go as millisecond text: a time.Time argument is sent to ClickHouse in
 	// whole seconds, which would drop every label of the last second before until.
-	sql := "SELECT run_id, caller, model, question, type, labelled_at, label, confidence, prob_keys, prob_values FROM `" + q.database + "`.labelled_answers" +
+	cols := "run_id, caller, model, question, type, labelled_at, label, confidence, prob_keys, prob_values"
+	if q.risk {
+		cols += ", source, verdict, audit_share, correct"
+	}
+	sql := "SELECT " + cols + " FROM `" + q.database + "`.labelled_answers" +
 		" WHERE labelled_at >= toDateTime64(?, 3, 'UTC') AND labelled_at < toDateTime64(?, 3, 'UTC')"
 	const ms = "2006-01-02 15:04:05.000"
 	args := []any{q.since.UTC().Format(ms), q.until.UTC().Format(ms)}
@@ -463,9 +599,13 @@ func (q labelQuery) load(ctx context.Context, conn driver.Conn) (groups []calibr
 	sql += " ORDER BY model, caller, question, labelled_at, run_id"
 	res, err := conn.Query(ctx, sql, args...)
 	if err != nil {
-		// UNKNOWN_TABLE (60), UNKNOWN_DATABASE (81): the labels schema is not there yet.
+		// UNKNOWN_TABLE (60), UNKNOWN_DATABASE (81): the labels schema is not there yet;
+		// UNKNOWN_IDENTIFIER (47): a view from before audit_share (migration 0005).
 		if ex, ok := errors.AsType[*clickhouse.Exception](err); ok && (ex.Code == 60 || ex.Code == 81) {
 			return nil, 0, nil, fmt.Errorf("%s.labelled_answers does not exist: run 'sys1 migrate' with a sys1 that has the labels schema (%w)", q.database, err)
+		}
+		if ex, ok := errors.AsType[*clickhouse.Exception](err); ok && ex.Code == 47 && q.risk {
+			return nil, 0, nil, fmt.Errorf("%s.labelled_answers lacks the columns risk fits read (audit_share: schema version 5): run 'sys1 migrate' (%w)", q.database, err)
 		}
 		return nil, 0, nil, fmt.Errorf("read %s.labelled_answers: %w", q.database, err)
 	}
@@ -475,13 +615,17 @@ func (q labelQuery) load(ctx context.Context, conn driver.Conn) (groups []calibr
 	var cur []labelRow
 	flush := func() {
 		if len(cur) > 0 {
-			groups = append(groups, buildGroup(cur, skipped))
+			groups = append(groups, q.buildGroup(cur, skipped))
 		}
 		cur = nil
 	}
 	for res.Next() {
 		var r labelRow
-		if err := res.Scan(&r.runID, &r.caller, &r.model, &r.question, &r.typ, &r.labelledAt, &r.label, &r.confidence, &r.keys, &r.values); err != nil {
+		dest := []any{&r.runID, &r.caller, &r.model, &r.question, &r.typ, &r.labelledAt, &r.label, &r.confidence, &r.keys, &r.values}
+		if q.risk {
+			dest = append(dest, &r.source, &r.verdict, &r.auditShare, &r.correct)
+		}
+		if err := res.Scan(dest...); err != nil {
 			return nil, 0, nil, fmt.Errorf("read %s.labelled_answers: %w", q.database, err)
 		}
 		rows++
@@ -499,10 +643,12 @@ func (q labelQuery) load(ctx context.Context, conn driver.Conn) (groups []calibr
 
 // buildGroup turns one group's rows (in labelled_at order) into samples: the latest label of
 // each run wins, only rows of the latest question type are used, and unusable rows are
-// counted in the group and in total.
-func buildGroup(rows []labelRow, total map[calibration.SkipReason]int) calibration.Group {
+// counted in the group and in total. With risk, each usable sample is also weighed for a
+// risk fit (or counted in RiskSkipped).
+func (q labelQuery) buildGroup(rows []labelRow, total map[calibration.SkipReason]int) labelGroup {
 	last := rows[len(rows)-1]
-	g := calibration.Group{Model: last.model, Caller: last.caller, Question: last.question, Type: contract.QuestionType(last.typ), Skipped: map[calibration.SkipReason]int{}}
+	lg := labelGroup{Group: calibration.Group{Model: last.model, Caller: last.caller, Question: last.question, Type: contract.QuestionType(last.typ), Skipped: map[calibration.SkipReason]int{}}}
+	g := &lg.Group
 	count := func(r calibration.SkipReason) {
 		g.Skipped[r]++
 		total[r]++
@@ -533,11 +679,25 @@ func buildGroup(rows []labelRow, total map[calibration.SkipReason]int) calibrati
 			g.LastLabel = r.labelledAt
 		}
 		g.Samples = append(g.Samples, s)
+		lg.At = append(lg.At, r.labelledAt)
+		if !q.risk {
+			continue
+		}
+		kind, weight, why := calibration.RiskLabel(q.sources, r.source, r.verdict, r.auditShare)
+		if why != "" {
+			if lg.RiskSkipped == nil {
+				lg.RiskSkipped = map[calibration.SkipReason]int{}
+			}
+			lg.RiskSkipped[why]++
+			continue
+		}
+		lg.Risk = append(lg.Risk, calibration.RiskSample{Sample: s, Wrong: r.correct == 0, Kind: kind, Weight: weight})
+		lg.RiskAt = append(lg.RiskAt, r.labelledAt)
 	}
 	if len(g.Skipped) == 0 {
 		g.Skipped = nil
 	}
-	return g
+	return lg
 }
 
 func printCalibrateReport(w io.Writer, rep *calibrateReport) {
@@ -582,6 +742,9 @@ func printCalibrateReport(w io.Writer, rep *calibrateReport) {
 			row(fmt.Sprintf("coverage, %s ≥ %.2f", what, b.Threshold), pct(b.Coverage), pct(a.Coverage))
 			row("  accuracy of those decided", pctPtr(b.Accuracy), pctPtr(a.Accuracy))
 		}
+		if rep.TargetError > 0 {
+			printRisk(w, &r, rep)
+		}
 		if r.Plot != "" {
 			fmt.Fprintf(w, "  plot: %s\n", r.Plot)
 		}
@@ -590,6 +753,10 @@ func printCalibrateReport(w io.Writer, rep *calibrateReport) {
 			fmt.Fprintf(w, "  stored: %s revision %d\n", rep.Bucket, r.Revision)
 		case r.NotStore != "":
 			fmt.Fprintf(w, "  not stored: %s\n", r.NotStore)
+		case rep.DryRun && f.Risk != nil && f.Risk.AbstainAll:
+			fmt.Fprintf(w, "  would store under %s: T %.4f, n %d, risk \"abstain all\" (max_error %g)\n", r.Key, f.Temperature, f.N, f.Risk.TargetError)
+		case rep.DryRun && f.Risk != nil:
+			fmt.Fprintf(w, "  would store under %s: T %.4f, n %d, risk threshold %s (max_error %g)\n", r.Key, f.Temperature, f.N, fmtThreshold(f.Risk.Threshold), f.Risk.TargetError)
 		case rep.DryRun:
 			fmt.Fprintf(w, "  would store under %s: T %.4f, n %d\n", r.Key, f.Temperature, f.N)
 		default:
@@ -602,6 +769,83 @@ func printCalibrateReport(w io.Writer, rep *calibrateReport) {
 			fmt.Fprintf(w, "  %s · caller %s · question %s (%s): %s\n", n.Model, n.Caller, n.Question, n.Type, n.Message)
 		}
 	}
+}
+
+// printRisk writes a fit's risk part: n and the labels' weights, then the threshold with its
+// coverage, error and bound, or that none meets the target.
+func printRisk(w io.Writer, r *fitReport, rep *calibrateReport) {
+	if r.RiskNoFit != nil {
+		fmt.Fprintf(w, "  risk (target error %s): no risk fit: %s\n", pctG(rep.TargetError), r.RiskNoFit.Message)
+		return
+	}
+	k := r.Fit.Risk
+	value := "confidence"
+	switch {
+	case r.Fit.Type == contract.TypeNoul:
+		value = "max(P, 1−P)"
+	case k.ThresholdOn == calibration.OnProbability:
+		value = "top probability"
+	}
+	if k.Calibrated {
+		value = "calibrated " + value
+	}
+	fmt.Fprintf(w, "  risk: target error %s with probability ≥ %s (δ %g), threshold on %s\n", pctG(k.TargetError), pctG(1-k.Delta), k.Delta, value)
+	fmt.Fprintf(w, "    n %s labels (%s): %s\n", thousandsInt(k.N), rep.Labels, describeRiskLabels(k))
+	if len(k.Skips) > 0 {
+		fmt.Fprintf(w, "    left out: %s\n", describeCounts(k.Skips))
+	}
+	if k.AbstainAll {
+		fmt.Fprintf(w, "    no threshold meets %s: the strictest tested, %s, has an upper bound of %s\n", pctG(k.TargetError), fmtThreshold(k.Start), pct(k.StartBound))
+		fmt.Fprintf(w, "    → \"abstain all\": a rule with max_error %g abstains on every answer of this question\n", k.TargetError)
+	} else {
+		fmt.Fprintf(w, "    threshold %s: decides %s of answers (estimated), error among them %s, upper bound %s ≤ %s\n",
+			fmtThreshold(k.Threshold), pct(k.Coverage), pct(k.Error), pct(k.Bound), pctG(k.TargetError))
+	}
+	for _, n := range k.Notes {
+		fmt.Fprintf(w, "    note: %s\n", n)
+	}
+}
+
+// describeRiskLabels says how many labels of each kind a risk fit weighed, and by what.
+func describeRiskLabels(k *calibration.Risk) string {
+	var parts []string
+	if n := k.Labels[string(calibration.KindAbstention)]; n > 0 {
+		parts = append(parts, fmt.Sprintf("%s reviewed abstentions × 1", thousandsInt(n)))
+	}
+	if n := k.Labels[string(calibration.KindAudit)]; n > 0 {
+		var ws []string
+		for _, s := range k.Strata {
+			if s.Weight > 1 {
+				ws = append(ws, fmt.Sprintf("%g", s.Weight))
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%s audit samples × %s", thousandsInt(n), strings.Join(ws, ", ")))
+	}
+	if n := k.Labels[string(calibration.KindProducer)]; n > 0 {
+		parts = append(parts, fmt.Sprintf("%s producer labels × 1 (sampling unknown)", thousandsInt(n)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// fmtThreshold writes a threshold of the 0.001 grid with two to three decimals.
+func fmtThreshold(t float64) string {
+	s := strconv.FormatFloat(t, 'f', 3, 64)
+	if strings.HasSuffix(s, "0") {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// pctG writes a share as a percentage without trailing zeros: 0.05 → 5%, 0.025 → 2.5%.
+func pctG(v float64) string { return strconv.FormatFloat(math.Round(v*1e8)/1e6, 'f', -1, 64) + "%" }
+
+// thousandsInt writes n with commas.
+func thousandsInt(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 func describeCounts(m map[string]int) string {
