@@ -71,12 +71,43 @@ func (w *Worker) instrument() error {
 			}
 			return out
 		},
+		Fits: w.fitReadings,
 	})
 	if err != nil {
 		return fmt.Errorf("worker metrics: %w", err)
 	}
 	w.metrics = m
 	return nil
+}
+
+// fitReadings is the calibration fits held now, for the metrics: what each applies and
+// guarantees, and its latest evaluation.
+func (w *Worker) fitReadings() []metrics.FitReading {
+	fits := w.fits.Load()
+	if fits == nil {
+		return nil
+	}
+	list := fits.List()
+	out := make([]metrics.FitReading, len(list))
+	for i, f := range list {
+		r := metrics.FitReading{Model: f.Model, Caller: f.Caller, Question: f.Question,
+			Temperature: f.Temperature, TemperatureApplied: f.AppliesTemperature(), FitECE: f.Before.ECE}
+		if f.AppliesTemperature() {
+			r.FitECE = f.After.ECE
+		}
+		if k := f.Risk; k != nil {
+			r.HasRisk, r.TargetError, r.AbstainAll, r.Threshold, r.FitCoverage = true, k.TargetError, k.AbstainAll, k.Threshold, k.Coverage
+		}
+		if ev := f.Evaluation; ev != nil {
+			r.Evaluated, r.Audits, r.RecentLabels, r.RecentECE = ev.At, ev.Audits, ev.RecentLabels, ev.RecentECE
+			r.Coverage, r.AbstentionRate = ev.Coverage, ev.AbstentionRate
+			if d := ev.DecidedError; d != nil {
+				r.DecidedError, r.Lower, r.Upper = &d.Estimate, &d.Lower, &d.Upper
+			}
+		}
+		out[i] = r
+	}
+	return out
 }
 
 // Gatherer is the registry the replica's metric families are on (what /metrics serves).

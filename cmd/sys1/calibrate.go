@@ -379,7 +379,7 @@ func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, 
 			// Stored for its threshold, with a temperature no worker applies (T = 1 for
 			// older workers, which apply every temperature they find).
 			fit.Note = fmt.Sprintf("fitted T %.3f did not converge (%s): not applied, T = 1 stored", fit.Temperature, fit.Note)
-			fit.Temperature = 1
+			fit.Temperature, fit.After = 1, fit.Before
 		case !fit.Converged && fit.Risk == nil && errors.As(err, &nf):
 			// Neither a temperature (labels of one class) nor a threshold.
 			rep.NoFit = append(rep.NoFit, noFitReport{Model: g.Model, Caller: g.Caller, Question: g.Question, Type: g.Type, N: len(g.Samples), Reason: string(nf.Reason),

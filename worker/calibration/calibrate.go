@@ -178,6 +178,30 @@ func Calibrate(g Group, o Options) (Fit, error) {
 	return f, nil
 }
 
+// RiskOnlyFit is the fit of a group that gets no temperature (why says why) but may still get
+// a risk threshold: T = 1, not converged (so never applied), measured as the provider sent
+// the answers.
+func RiskOnlyFit(g Group, o Options, why string) Fit {
+	now := o.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	raw := MeasureRaw(g.Type, g.Samples, o.Measure)
+	f := Fit{
+		Format: FormatVersion, Model: g.Model, Caller: g.Caller, Question: g.Question, Type: g.Type,
+		Temperature: 1, N: len(g.Samples), Note: "no temperature: " + why, ThresholdOn: o.Measure.ThresholdOn,
+		Before: raw, After: raw, FittedAt: now.UTC(),
+		Window: Window{Since: o.Since.UTC(), Until: o.Until.UTC(), FirstLabel: g.FirstLabel.UTC(), LastLabel: g.LastLabel.UTC()},
+	}
+	if len(g.Skipped) > 0 {
+		f.Skipped = make(map[string]int, len(g.Skipped))
+		for r, n := range g.Skipped {
+			f.Skipped[string(r)] = n
+		}
+	}
+	return f
+}
+
 // oneClass reports whether every sample has the same label, and which (as an index).
 func oneClass(samples []Sample) (string, bool) {
 	first := samples[0].Label

@@ -195,7 +195,7 @@ func FitRisk(typ contract.QuestionType, samples []RiskSample, skipped map[SkipRe
 	case len(samples) < minLabels:
 		return nil, &NoFitError{Reason: NoFitTooFewLabels, Message: fmt.Sprintf("%d usable labels for a threshold, at least %d needed (--min-labels)%s", len(samples), minLabels, riskSkippedNote(skipped))}
 	case kinds[string(KindAbstention)] > 0 && kinds[string(KindAudit)] == 0 && kinds[string(KindProducer)] == 0:
-		return nil, &NoFitError{Reason: NoFitNoAudits, Message: fmt.Sprintf("no audit samples among the %d labels (all are reviewed abstentions): nothing measures the error of the answers the policy decided; give the rule an audit_sample (e.g. 0.05), let the samples be labelled, and fit again%s", len(samples), riskSkippedNote(skipped))}
+		return nil, &NoFitError{Reason: NoFitNoAudits, Message: fmt.Sprintf("no audit samples among the %s labels (all are reviewed abstentions): nothing measures the error of the answers the policy decided; give the rule an audit_sample (e.g. 0.05), let the samples be labelled, and fit again%s", thousands(len(samples)), riskSkippedNote(skipped))}
 	}
 	calibrated := T > 0
 	beta := 1.0
@@ -238,12 +238,12 @@ func FitRisk(typ contract.QuestionType, samples []RiskSample, skipped map[SkipRe
 	}
 	switch wrong {
 	case 0:
-		r.Notes = append(r.Notes, fmt.Sprintf("all %d labels agree with the answers: the bound comes from their number alone; check that reviewers label without being led by the answer shown", len(samples)))
+		r.Notes = append(r.Notes, fmt.Sprintf("all %s labels agree with the answers: the bound comes from their number alone; check that reviewers label without being led by the answer shown", thousands(len(samples))))
 	case len(samples):
-		r.Notes = append(r.Notes, fmt.Sprintf("all %d labels disagree with the answers: check that labels use the question's option keys (or true/false, or level indexes)", len(samples)))
+		r.Notes = append(r.Notes, fmt.Sprintf("all %s labels disagree with the answers: check that labels use the question's option keys (or true/false, or level indexes)", thousands(len(samples))))
 	}
 	if kinds[string(KindProducer)] > 0 {
-		r.Notes = append(r.Notes, fmt.Sprintf("%d producer labels weigh 1 each: their sampling is unknown, so the guarantee assumes the producer labels every kind of answer alike", kinds[string(KindProducer)]))
+		r.Notes = append(r.Notes, fmt.Sprintf("%s producer labels weigh 1 each: their sampling is unknown, so the guarantee assumes the producer labels every kind of answer alike", thousands(kinds[string(KindProducer)])))
 	}
 	r.prepare()
 	return r, nil

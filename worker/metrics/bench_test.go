@@ -13,7 +13,7 @@ import (
 func BenchmarkWorkerMetricsPerRun(b *testing.B) {
 	zero := func() float64 { return 0 }
 	w, err := NewWorker(prometheus.NewRegistry(), WorkerOptions{Replica: "bench", InFlight: zero, ProviderPeak: zero, Redeliveries: zero,
-		Replays: zero, DeadLetters: zero, Paused: zero, Providers: func() []ProviderState { return nil }})
+		Replays: zero, DeadLetters: zero, Paused: zero, Providers: func() []ProviderState { return nil }, Fits: func() []FitReading { return nil }})
 	if err != nil {
 		b.Fatal(err)
 	}

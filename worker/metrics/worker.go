@@ -24,6 +24,8 @@ type WorkerOptions struct {
 	Paused       func() float64 // 1 while the interactive consumer is paused
 	// Providers is the chain's links now: their limiter and health.
 	Providers func() []ProviderState
+	// Fits is the calibration fits the replica holds now (see FitReading).
+	Fits func() []FitReading
 }
 
 // ProviderState is one link of the provider chain as a scrape sees it.
@@ -51,7 +53,7 @@ type Worker struct {
 // reading function must be set.
 func NewWorker(reg prometheus.Registerer, o WorkerOptions) (*Worker, error) {
 	if o.InFlight == nil || o.ProviderPeak == nil || o.Redeliveries == nil || o.Replays == nil ||
-		o.DeadLetters == nil || o.Paused == nil || o.Providers == nil {
+		o.DeadLetters == nil || o.Paused == nil || o.Providers == nil || o.Fits == nil {
 		return nil, errors.New("metrics: every WorkerOptions reading is required")
 	}
 	c := &catalogue{reg: prometheus.WrapRegistererWith(prometheus.Labels{"worker": o.Replica}, reg)}
@@ -106,6 +108,7 @@ func NewWorker(reg prometheus.Registerer, o WorkerOptions) (*Worker, error) {
 			}
 		},
 	})
+	c.registerFits(o.Fits)
 	if c.err != nil {
 		return nil, c.err
 	}
@@ -155,7 +158,7 @@ func WorkerFamilies() []Family {
 	zero := func() float64 { return 0 }
 	w, err := NewWorker(prometheus.NewRegistry(), WorkerOptions{
 		Replica: "catalogue", InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Paused: zero,
-		Providers: func() []ProviderState { return nil },
+		Providers: func() []ProviderState { return nil }, Fits: func() []FitReading { return nil },
 	})
 	if err != nil {
 		panic(err) // a fresh registry cannot refuse them

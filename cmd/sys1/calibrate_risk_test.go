@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/sink/chtest"
+	"github.com/sys1hq/sys1/worker/calibration"
+	"github.com/sys1hq/sys1/worker/calibration/synthetic"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
+)
+
+// riskAnswersDDL is the stand-in view of labelledAnswersDDL with the columns risk fits read
+// besides (verdict, audit_share; source and correct are there already).
+const riskAnswersDDL = "CREATE TABLE `%s`.labelled_answers (" +
+	"run_id String, caller String, provider String, model String, question String, type String, " +
+	"finished_at DateTime64(3), labelled_at DateTime64(3), predicted String, label String, correct UInt8, " +
+	"confidence Nullable(Float64), label_probability Float64, prob_keys Array(String), prob_values Array(Float64), " +
+	"reviewer String, source String, verdict String, audit_share Float64) ENGINE = MergeTree ORDER BY (model, caller, question, labelled_at)"
+
+// riskRow is one row for the risk stand-in.
+type riskRow struct {
+	labelRowIn
+	source, verdict string
+	auditShare      float64
+}
+
+// riskPolicyRows labels synthetic choice answers (calibrated, 4 options) as a policy with
+// min_confidence minConf would have them labelled: every abstention reviewed, every
+// 1/share-th decided answer audited (share recorded), the rest unlabelled. The first
+// `producer` of the decided, unaudited answers get a producer's label instead.
+func riskPolicyRows(model, caller, question string, n int, minConf, share float64, producer int, seed uint64, at time.Time) []riskRow {
+	var rows []riskRow
+	keys := []string{"billing", "bug", "account", "other"}
+	every := int(math.Round(1 / share))
+	decided := 0
+	for i, a := range synthetic.Generate(contract.TypeChoice, n, 1, seed) {
+		c := entropyConfidence(a.Reported)
+		r := riskRow{labelRowIn: labelRowIn{runID: fmt.Sprintf("%s-%s-%d", caller, question, i), caller: caller, model: model, question: question,
+			typ: contract.TypeChoice, labelledAt: at.Add(time.Duration(i) * time.Second), label: keys[a.Label], confidence: &c, keys: keys, values: a.Reported},
+			source: "review", verdict: "abstained"}
+		if c >= minConf {
+			decided++
+			switch {
+			case decided%every == 0:
+				r.verdict, r.auditShare = "decided", share
+			case producer > 0:
+				producer--
+				r.verdict, r.source = "decided", "producer"
+			default:
+				continue
+			}
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+func insertRiskRows(t *testing.T, db *chtest.DB, rows []riskRow) {
+	t.Helper()
+	ctx := context.Background()
+	batch, err := db.Conn.PrepareBatch(ctx, "INSERT INTO `"+db.Name+"`.labelled_answers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		best := 0
+		for i, v := range r.values {
+			if v > r.values[best] {
+				best = i
+			}
+		}
+		correct, lp := uint8(0), 0.0
+		if r.keys[best] == r.label {
+			correct = 1
+		}
+		for i, k := range r.keys {
+			if k == r.label {
+				lp = r.values[i]
+			}
+		}
+		if err := batch.Append(r.runID, r.caller, "simulator", r.model, r.question, string(r.typ), r.labelledAt.Add(-time.Minute), r.labelledAt,
+			r.keys[best], r.label, correct, r.confidence, lp, r.keys, r.values, "ann", r.source, r.verdict, r.auditShare); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := batch.Send(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// riskDB holds: a question with the realistic mix (abstentions below 0.7 reviewed, 5% of
+// the rest audited, 40 producer labels), one whose labels are all reviewed abstentions (no
+// audits), one with too few labels, one whose every label is wrong and one whose every label
+// is right.
+func riskDB(t *testing.T, now time.Time) *chtest.DB {
+	t.Helper()
+	db := chtest.New(t)
+	ctx := context.Background()
+	if err := db.Conn.Exec(ctx, "CREATE DATABASE `"+db.Name+"`"); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Conn.Exec(ctx, fmt.Sprintf(riskAnswersDDL, db.Name)); err != nil {
+		t.Fatal(err)
+	}
+	start := now.Add(-20 * 24 * time.Hour)
+	rows := riskPolicyRows("nimble", "billing", "label", 12000, 0.7, 0.05, 40, 7, start)
+	var noAudits, few, wrong, right []riskRow
+	for _, r := range riskPolicyRows("nimble", "billing", "unaudited", 3000, 0.7, 0.05, 0, 8, start) {
+		if r.verdict == "abstained" {
+			noAudits = append(noAudits, r)
+		}
+	}
+	few = riskPolicyRows("nimble", "billing", "few", 200, 0.7, 0.05, 0, 9, start)[:30]
+	for _, r := range riskPolicyRows("nimble", "billing", "wrong", 3000, 0.7, 0.05, 0, 10, start) {
+		r.label = r.keys[(argmaxOf(r.values)+1)%len(r.keys)]
+		wrong = append(wrong, r)
+	}
+	for _, r := range riskPolicyRows("nimble", "billing", "right", 6000, 0.7, 0.05, 0, 11, start) {
+		r.label = r.keys[argmaxOf(r.values)]
+		right = append(right, r)
+	}
+	for _, set := range [][]riskRow{rows, noAudits, few, wrong, right} {
+		insertRiskRows(t, db, set)
+	}
+	return db
+}
+
+func argmaxOf(v []float64) int {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// The command's risk fit is the one FitRisk makes of the same labels in process (nothing
+// lost or bent through ClickHouse), it says what it weighed and why, each bad input gets its
+// message, and --apply stores the threshold beside the temperature.
+func TestCalibrateRiskCommand(t *testing.T) {
+	now := time.Now().UTC()
+	db := riskDB(t, now)
+	srv := natstest.Start(t)
+	_, js := natstest.Connect(t, srv)
+	t.Setenv("SYS1_CLICKHOUSE_DSN", db.DSN)
+	t.Setenv("SYS1_CLICKHOUSE_DATABASE", db.Name)
+	t.Setenv("SYS1_NATS_URL", srv.ClientURL())
+
+	code, out, errOut := calibrate(t, "--target-error", "0.1", "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	var rep calibrateReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	fits := map[string]fitReport{}
+	for _, f := range rep.Fits {
+		fits[f.Fit.Question] = f
+	}
+	if rep.TargetError != 0.1 || rep.Delta != 0.1 || rep.Labels != "review" {
+		t.Errorf("report header %+v", rep)
+	}
+	label := fits["label"]
+	if label.Fit == nil || label.Fit.Risk == nil {
+		t.Fatalf("no risk fit for label: %s", out)
+	}
+	k := label.Fit.Risk
+	if k.AbstainAll || !k.Calibrated || k.Bound > 0.1 || k.Labels["audit"] == 0 || k.Labels["abstention"] == 0 || k.Labels["producer"] != 0 ||
+		k.Skips[string(calibration.RiskSkipProducer)] != 40 || len(k.Strata) != 2 || k.Strata[0].Weight != 20 {
+		t.Errorf("label risk %+v", k)
+	}
+	// In process, from the same rows.
+	var samples []calibration.RiskSample
+	for _, r := range riskPolicyRows("nimble", "billing", "label", 12000, 0.7, 0.05, 40, 7, now) {
+		if r.source != "review" {
+			continue
+		}
+		kind, w, _ := calibration.RiskLabel(calibration.Sources{Review: true}, r.source, r.verdict, r.auditShare)
+		y := 0
+		for i, key := range r.keys {
+			if key == r.label {
+				y = i
+			}
+		}
+		samples = append(samples, calibration.RiskSample{Sample: calibration.Sample{Probs: r.values, Label: y, Confidence: *r.confidence},
+			Wrong: argmaxOf(r.values) != y, Kind: kind, Weight: w})
+	}
+	direct, err := calibration.FitRisk(contract.TypeChoice, samples, nil, label.Fit.Temperature, calibration.RiskOptions{TargetError: 0.1, Delta: 0.1, Sources: calibration.Sources{Review: true}, ThresholdOn: calibration.OnConfidence})
+	if err != nil || direct.Threshold != k.Threshold || direct.Bound != k.Bound || direct.N != k.N {
+		t.Errorf("through ClickHouse: threshold %v bound %v n %d; in process %+v %v", k.Threshold, k.Bound, k.N, direct, err)
+	}
+
+	for q, want := range map[string]string{
+		"unaudited": "no audit samples among the",
+		"few":       "30 usable labels",
+	} {
+		f, ok := fits[q]
+		var msg string
+		if ok && f.RiskNoFit != nil {
+			msg = f.RiskNoFit.Message
+		}
+		for _, n := range rep.NoFit {
+			if n.Question == q {
+				msg = n.Message
+			}
+		}
+		if !strings.Contains(msg, want) {
+			t.Errorf("%s: %q, want %q (%+v)", q, msg, want, f)
+		}
+	}
+	if w := fits["wrong"].Fit; w == nil || w.Risk == nil || !w.Risk.AbstainAll || len(w.Risk.Notes) == 0 || !strings.Contains(w.Risk.Notes[0], "disagree") {
+		t.Errorf("all wrong: %+v", fits["wrong"])
+	}
+	if r := fits["right"].Fit; r == nil || r.Risk == nil || r.Risk.AbstainAll || !strings.Contains(strings.Join(r.Risk.Notes, " "), "agree with the answers") {
+		t.Errorf("all right: %+v", fits["right"])
+	} else if r.Converged || r.Temperature != 1 || r.Risk.Calibrated {
+		// Always right: T runs into its lower bound, so the threshold is on raw values and
+		// the fit is stored with T = 1, not applied.
+		t.Errorf("all right: T %v converged %v calibrated %v", r.Temperature, r.Converged, r.Risk.Calibrated)
+	}
+
+	// The table says it in words.
+	code, out, _ = calibrate(t, "--target-error", "0.1", "--question", "label")
+	for _, want := range []string{
+		"risk: target error 10% with probability ≥ 90% (δ 0.1), threshold on calibrated confidence",
+		"reviewed abstentions × 1", "audit samples × 20", "left out: 40 producer label (--labels producer uses them)",
+		"threshold " + fmtThreshold(k.Threshold) + ": decides ", "upper bound", "would store under nimble.billing.label:",
+		"risk threshold " + fmtThreshold(k.Threshold) + " (max_error 0.1)",
+	} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Errorf("table lacks %q (exit %d):\n%s", want, code, out)
+		}
+	}
+	code, out, _ = calibrate(t, "--target-error", "0.1", "--question", "wrong")
+	if !strings.Contains(out, `no threshold meets 10%`) || !strings.Contains(out, `"abstain all": a rule with max_error 0.1 abstains on every answer`) {
+		t.Errorf("all wrong (exit %d):\n%s", code, out)
+	}
+	// Producer labels join only when asked, and the output says what that assumes.
+	code, out, _ = calibrate(t, "--target-error", "0.1", "--question", "label", "--labels", "review,producer")
+	if code != exitOK || !strings.Contains(out, "40 producer labels × 1 (sampling unknown)") || !strings.Contains(out, "their sampling is unknown") {
+		t.Errorf("--labels review,producer (exit %d):\n%s", code, out)
+	}
+	// Only groups without a risk fit: exit 1, said.
+	if code, _, errOut = calibrate(t, "--target-error", "0.1", "--question", "unaudited"); code != exitFailed || !strings.Contains(errOut, "no risk fit made for --target-error 0.1") {
+		t.Errorf("no risk fit: exit %d %s", code, errOut)
+	}
+
+	// Bad flags: each named.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--target-error", "1.5"}, "--target-error: 1.5 is not in (0, 1)"},
+		{[]string{"--target-error", "0"}, "--target-error: 0 is not in (0, 1)"},
+		{[]string{"--target-error", "-0.05"}, "--target-error: -0.05 is not in (0, 1)"},
+		{[]string{"--target-error", "0.05", "--delta", "1"}, "--delta: 1 is not in (0, 1)"},
+		{[]string{"--target-error", "0.05", "--labels", "everything"}, `--labels: "everything" is not review or producer`},
+		{[]string{"--delta", "0.2"}, "--delta and --labels go with --target-error or --report"},
+		{[]string{"--report", "--target-error", "0.05"}, "--target-error is for fitting"},
+		{[]string{"--report", "--list"}, "separate modes"},
+	} {
+		if code, _, errOut := calibrate(t, c.args...); code != exitUsage || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, want 2 and %q:\n%s", c.args, code, c.want, errOut)
+		}
+	}
+
+	// --apply stores the threshold beside the temperature.
+	if code, out, errOut = calibrate(t, "--target-error", "0.1", "--apply", "--question", "label"); code != exitOK || !strings.Contains(out, "stored: sys1-calibration revision") {
+		t.Fatalf("--apply: exit %d\n%s\n%s", code, out, errOut)
+	}
+	kv, err := js.KeyValue(context.Background(), "sys1-calibration")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(context.Background(), "nimble.billing.label")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := calibration.Decode(e.Key(), e.Value())
+	if err != nil || stored.Risk == nil || stored.Risk.Threshold != k.Threshold || stored.Risk.TargetError != 0.1 {
+		t.Fatalf("stored %+v %v", stored, err)
+	}
+	if th, ok := stored.Risk.RiskThreshold(0.1); !ok || th != k.Threshold || !strings.HasPrefix(stored.Risk.RiskLabel(), "fit of "+now.Format("2006-01-02")+", n "+thousandsInt(k.N)) {
+		t.Errorf("stored risk answers %v %v %q", th, ok, stored.Risk.RiskLabel())
+	}
+	// An all-correct group: stored for its threshold, with T = 1.
+	if code, _, errOut = calibrate(t, "--target-error", "0.1", "--apply", "--question", "right"); code != exitOK {
+		t.Errorf("--apply right: exit %d %s", code, errOut)
+	}
+	if e, err := kv.Get(context.Background(), "nimble.billing.right"); err != nil {
+		t.Errorf("all-right fit not stored: %v", err)
+	} else if f, err := calibration.Decode(e.Key(), e.Value()); err != nil || f.AppliesTemperature() || f.Temperature != 1 || f.Risk == nil {
+		t.Errorf("all-right fit %+v %v", f, err)
+	}
+	// Listing still works, with the risk fits stored.
+	if code, out, _ = calibrate(t, "--list"); code != exitOK || !strings.Contains(out, "nimble.billing.label") {
+		t.Errorf("--list: %d\n%s", code, out)
+	}
+}
