@@ -306,3 +306,83 @@ func TestCalibrateRiskCommand(t *testing.T) {
 		t.Errorf("--list: %d\n%s", code, out)
 	}
 }
+
+// --report compares each stored fit with the labels since: the decided answers' error from
+// audit samples alone, and ECE on the labels newer than the fit's (here drifted: the model
+// turned overconfident after the fit); --report --apply stores the figures in the fit.
+func TestCalibrateReport(t *testing.T) {
+	now := time.Now().UTC()
+	db := riskDB(t, now)
+	srv := natstest.Start(t)
+	_, js := natstest.Connect(t, srv)
+	t.Setenv("SYS1_CLICKHOUSE_DSN", db.DSN)
+	t.Setenv("SYS1_CLICKHOUSE_DATABASE", db.Name)
+	t.Setenv("SYS1_NATS_URL", srv.ClientURL())
+	if code, _, errOut := calibrate(t, "--target-error", "0.1", "--apply", "--question", "label"); code != exitOK {
+		t.Fatalf("fit: %s", errOut)
+	}
+	// Newer labels of a model that turned overconfident (distorted by T = 3).
+	var newer []riskRow
+	for i, a := range synthetic.Generate(contract.TypeChoice, 600, 3, 99) {
+		keys := []string{"billing", "bug", "account", "other"}
+		c := entropyConfidence(a.Reported)
+		newer = append(newer, riskRow{labelRowIn: labelRowIn{runID: fmt.Sprintf("newer-%d", i), caller: "billing", model: "nimble", question: "label",
+			typ: contract.TypeChoice, labelledAt: now.Add(-time.Hour).Add(time.Duration(i) * time.Second / 10), label: keys[a.Label], confidence: &c, keys: keys, values: a.Reported},
+			source: "review", verdict: "abstained"})
+	}
+	insertRiskRows(t, db, newer)
+
+	code, out, errOut := calibrate(t, "--report", "--json")
+	if code != exitOK {
+		t.Fatalf("--report: exit %d\n%s\n%s", code, out, errOut)
+	}
+	var rep calibrationReportOut
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	byQ := map[string]reportEntry{}
+	for _, e := range rep.Entries {
+		byQ[e.Question] = e
+	}
+	label := byQ["label"]
+	if label.Fit == nil || label.Fit.TargetError == nil || label.DecidedError == nil || label.Audits == 0 || label.ErrorStatus == "" ||
+		label.RecentLabels != 600 || label.RecentECE == nil || !label.Drift {
+		t.Errorf("label: %+v", label)
+	}
+	if !strings.Contains(rep.RunsNote, "runs does not exist") || label.Coverage != nil {
+		t.Errorf("without run records: note %q, coverage %v", rep.RunsNote, label.Coverage)
+	}
+	if u := byQ["unaudited"]; u.Fit != nil || u.DecidedError != nil || u.Audits != 0 {
+		t.Errorf("unaudited: %+v", u)
+	}
+	code, out, _ = calibrate(t, "--report", "--question", "label")
+	for _, want := range []string{"error of decided answers (audit samples only):", "ECE on 600 labels newer than the fit:", "DRIFT", "report only"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Errorf("report lacks %q (exit %d):\n%s", want, code, out)
+		}
+	}
+
+	// The scheduled evaluation stores the figures in the fit (and only in stored fits).
+	code, out, errOut = calibrate(t, "--report", "--apply", "--json")
+	if code != exitOK {
+		t.Fatalf("--report --apply: exit %d\n%s\n%s", code, out, errOut)
+	}
+	kv, _ := js.KeyValue(context.Background(), "sys1-calibration")
+	e, _ := kv.Get(context.Background(), "nimble.billing.label")
+	f, err := calibration.Decode(e.Key(), e.Value())
+	if err != nil || f.Evaluation == nil || f.Evaluation.Audits != label.Audits || f.Evaluation.RecentECE == nil || *f.Evaluation.RecentECE != *label.RecentECE ||
+		f.Risk == nil || f.Evaluation.DecidedError == nil || f.Evaluation.DecidedError.Estimate != label.DecidedError.Estimate {
+		t.Errorf("stored evaluation %+v (%v)", f.Evaluation, err)
+	}
+	rep = calibrationReportOut{}
+	_ = json.Unmarshal([]byte(out), &rep)
+	for _, e := range rep.Entries {
+		if (e.Question == "label") != e.Stored {
+			t.Errorf("%s: stored %v (%s)", e.Question, e.Stored, e.NotStored)
+		}
+	}
+	// Nothing to report on: exit 1, said.
+	if code, _, errOut = calibrate(t, "--report", "--model", "nobody"); code != exitFailed || !strings.Contains(errOut, "nothing to report") {
+		t.Errorf("nothing to report: exit %d %s", code, errOut)
+	}
+}

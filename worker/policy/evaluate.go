@@ -460,12 +460,12 @@ func (e *evaluator) writeCheck(c *check) {
 	switch c.state {
 	case checkNoFit:
 		e.buf = append(e.buf, "no risk fit (max_error "...)
-		e.buf = append(e.buf, c.risk.maxErr.text...)
+		e.buf = append(e.buf, c.risk.maxErrText...)
 		e.buf = append(e.buf, ')')
 		return
 	case checkNoThreshold:
 		e.buf = append(e.buf, "max_error "...)
-		e.buf = append(e.buf, c.risk.maxErr.text...)
+		e.buf = append(e.buf, c.risk.maxErrText...)
 		e.buf = append(e.buf, " is met at no threshold ("...)
 		e.buf = append(e.buf, c.fit...)
 		e.buf = append(e.buf, ')')
@@ -521,7 +521,7 @@ func (e *evaluator) writeCheck(c *check) {
 // 2026-12-01, n 2,000)".
 func (e *evaluator) writeRisk(c *check) {
 	e.buf = append(e.buf, " (max_error "...)
-	e.buf = append(e.buf, c.risk.maxErr.text...)
+	e.buf = append(e.buf, c.risk.maxErrText...)
 	e.buf = append(e.buf, ", "...)
 	e.buf = append(e.buf, c.fit...)
 	e.buf = append(e.buf, ')')
@@ -541,7 +541,7 @@ func (e *evaluator) writeLimit(c *check) {
 		e.buf = append(e.buf, " (threshold "...)
 		e.buf = appendAt(e.buf, &c.min, c.min.prec)
 		e.buf = append(e.buf, ", max_error "...)
-		e.buf = append(e.buf, c.risk.maxErr.text...)
+		e.buf = append(e.buf, c.risk.maxErrText...)
 		e.buf = append(e.buf, ", "...)
 		e.buf = append(e.buf, c.fit...)
 		e.buf = append(e.buf, ')')

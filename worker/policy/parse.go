@@ -369,7 +369,7 @@ func (ps *parser) rule(idx int, n *yaml.Node) (Rule, bool) {
 				bad(clipName(v.Value) + " is not in (0, 1): the share of decided answers allowed to be wrong, e.g. 0.02")
 				return
 			}
-			r.MaxError, r.maxErr = &f, newThreshold(f).withText()
+			r.MaxError, r.maxErr, r.maxErrText = &f, newThreshold(f), fmtNum(f)
 		case "noul_abstain_between":
 			if v.Kind != yaml.SequenceNode || len(v.Content) != 2 {
 				bad("must be a list of two probabilities [lo, hi], not " + describe(v))

@@ -47,6 +47,7 @@ type Rule struct {
 	minConf, minProb        threshold
 	lo, hi                  threshold
 	maxErr                  threshold
+	maxErrText              string // max_error as written, for reasons: 0.2, 0.02
 	useCalibrated           bool
 	auditText               string
 }
