@@ -27,6 +27,7 @@ func setPasswords(t *testing.T) {
 	t.Setenv("SYS1_NATS_SVC_A_PASSWORD", passwords["svc-a"])
 	t.Setenv("SYS1_NATS_SVC_B_PASSWORD", passwords["svc-b"])
 	t.Setenv("SYS1_NATS_REVIEW_PASSWORD", passwords["sys1-review"])
+	t.Setenv("SYS1_NATS_CALIBRATE_PASSWORD", passwords["sys1-calibrate"])
 }
 
 // sameUsers reports how two configurations' users differ (name, account, permissions), or "".

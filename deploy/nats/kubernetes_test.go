@@ -3,6 +3,7 @@ package natsdeploy
 import (
 	"os"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -15,7 +16,7 @@ func TestKubernetesManifestsMatchTheServerConfig(t *testing.T) {
 	for name, pw := range map[string]string{
 		"SYS1_NATS_WORKER_PASSWORD": passwords["sys1-worker"], "SYS1_NATS_SINK_PASSWORD": passwords["sys1-sink"],
 		"SYS1_NATS_SVC_A_PASSWORD": passwords["svc-a"], "SYS1_NATS_SVC_B_PASSWORD": passwords["svc-b"],
-		"SYS1_NATS_REVIEW_PASSWORD": passwords["sys1-review"],
+		"SYS1_NATS_REVIEW_PASSWORD": passwords["sys1-review"], "SYS1_NATS_CALIBRATE_PASSWORD": passwords["sys1-calibrate"],
 	} {
 		t.Setenv(name, pw)
 	}
@@ -55,6 +56,23 @@ func TestKubernetesManifestsMatchTheServerConfig(t *testing.T) {
 			t.Errorf("user %s: SYS1_NATS_PASSWORD must come from the Secret", user)
 		}
 		accounts[account] = true
+	}
+
+	// The scheduled evaluation (calibrate.yaml): a CronJob running sys1 calibrate --report
+	// --apply as sys1-calibrate, in the workers' account, with its password and ClickHouse's
+	// DSN from the Secret.
+	cron := read(t, "../kubernetes/calibrate.yaml")
+	if !strings.Contains(cron, "kind: CronJob") || !strings.Contains(cron, `args: ["calibrate", "--report", "--apply", "--since", "30d"]`) {
+		t.Errorf("calibrate.yaml is not a CronJob running sys1 calibrate --report --apply")
+	}
+	user, prefix := envValue(cron, "SYS1_NATS_USER"), envValue(cron, "SYS1_NATS_INBOX_PREFIX")
+	if user != "sys1-calibrate" || prefix != "_INBOX."+user || !accounts[accountOf[user]] {
+		t.Errorf("the CronJob connects as %q (account %q) with inbox prefix %q; want sys1-calibrate in the workers' account, _INBOX.sys1-calibrate", user, accountOf[user], prefix)
+	}
+	for _, want := range []string{`- name: SYS1_NATS_PASSWORD\n\s+valueFrom: \{secretKeyRef:`, `- name: SYS1_CLICKHOUSE_DSN\n\s+valueFrom: \{secretKeyRef:`} {
+		if !regexp.MustCompile(want).MatchString(cron) {
+			t.Errorf("the CronJob's %s must come from the Secret", want)
+		}
 	}
 
 	m := regexp.MustCompile(`(?m)^\s+account: "?([^"\s]+)"?$`).FindStringSubmatch(read(t, "../kubernetes/autoscaling.yaml"))

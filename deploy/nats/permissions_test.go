@@ -24,7 +24,7 @@ const negativeWait = 300 * time.Millisecond
 
 var passwords = map[string]string{
 	"sys1-worker": "worker-pw-ab12", "sys1-sink": "sink-pw-cd34", "sys1-review": "review-pw-ij90",
-	"svc-a": "svc-a-pw-ef56", "svc-b": "svc-b-pw-gh78",
+	"svc-a": "svc-a-pw-ef56", "svc-b": "svc-b-pw-gh78", "sys1-calibrate": "calibrate-pw-kl12",
 }
 
 // startFromFile runs nats-server with deploy/nats/nats-server.conf, overriding only the listen
@@ -34,6 +34,7 @@ func startFromFile(t *testing.T) *server.Server {
 	t.Setenv("SYS1_NATS_WORKER_PASSWORD", passwords["sys1-worker"])
 	t.Setenv("SYS1_NATS_SINK_PASSWORD", passwords["sys1-sink"])
 	t.Setenv("SYS1_NATS_REVIEW_PASSWORD", passwords["sys1-review"])
+	t.Setenv("SYS1_NATS_CALIBRATE_PASSWORD", passwords["sys1-calibrate"])
 	t.Setenv("SYS1_NATS_SVC_A_PASSWORD", passwords["svc-a"])
 	t.Setenv("SYS1_NATS_SVC_B_PASSWORD", passwords["svc-b"])
 	s, err := natsconn.StartEmbedded(natsconn.EmbeddedOptions{ConfigFile: "nats-server.conf", Port: -1, StoreDir: t.TempDir()})
