@@ -829,11 +829,7 @@ func describeRiskLabels(k *calibration.Risk) string {
 
 // fmtThreshold writes a threshold of the 0.001 grid with two to three decimals.
 func fmtThreshold(t float64) string {
-	s := strconv.FormatFloat(t, 'f', 3, 64)
-	if strings.HasSuffix(s, "0") {
-		s = s[:len(s)-1]
-	}
-	return s
+	return strings.TrimSuffix(strconv.FormatFloat(t, 'f', 3, 64), "0")
 }
 
 // pctG writes a share as a percentage without trailing zeros: 0.05 → 5%, 0.025 → 2.5%.
