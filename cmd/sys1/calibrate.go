@@ -487,6 +487,16 @@ func storeFits(ctx context.Context, topo topology.Config, fits []fitReport, stde
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if fits[i].Fit.Risk == nil {
+			// A risk threshold is made on the values of its own fit (the temperature it was
+			// fitted with): a new fit without one replaces it, and max_error rules abstain
+			// until it is fitted again. Say so rather than let it vanish unnoticed.
+			if e, err := kv.Get(pctx, fits[i].Key); err == nil {
+				if old, err := calibration.Decode(e.Key(), e.Value()); err == nil && old.Risk != nil {
+					fmt.Fprintf(stderr, "sys1 calibrate: %s: the stored fit had a risk threshold (target error %g); this fit has none, so max_error rules abstain on the question until one is fitted (--target-error)\n", fits[i].Key, old.Risk.TargetError)
+				}
+			}
+		}
 		rev, err := calibration.Put(pctx, kv, fits[i].Fit)
 		cancel()
 		if err != nil {

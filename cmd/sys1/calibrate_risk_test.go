@@ -301,6 +301,10 @@ func TestCalibrateRiskCommand(t *testing.T) {
 	} else if f, err := calibration.Decode(e.Key(), e.Value()); err != nil || f.AppliesTemperature() || f.Temperature != 1 || f.Risk == nil {
 		t.Errorf("all-right fit %+v %v", f, err)
 	}
+	// A temperature-only refit replaces the risk threshold: said, not silent.
+	if code, _, errOut = calibrate(t, "--apply", "--question", "label"); code != exitOK || !strings.Contains(errOut, "nimble.billing.label: the stored fit had a risk threshold (target error 0.1); this fit has none") {
+		t.Errorf("refit without --target-error: exit %d %s", code, errOut)
+	}
 	// Listing still works, with the risk fits stored.
 	if code, out, _ = calibrate(t, "--list"); code != exitOK || !strings.Contains(out, "nimble.billing.label") {
 		t.Errorf("--list: %d\n%s", code, out)

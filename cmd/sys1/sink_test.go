@@ -28,11 +28,11 @@ func TestMigrateCommand(t *testing.T) {
 	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK {
 		t.Fatalf("sys1 migrate = %d, stderr: %s", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), "schema version 0 -> 4 (applied 0001_init, 0002_runs_v2, 0003_labels, 0004_views)") {
+	if !strings.Contains(out.String(), "schema version 0 -> 5 (applied 0001_init, 0002_runs_v2, 0003_labels, 0004_views, 0005_audit_share)") {
 		t.Errorf("first migrate said: %q", out.String())
 	}
 	out.Reset()
-	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK || !strings.Contains(out.String(), "up to date (version 4)") {
+	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK || !strings.Contains(out.String(), "up to date (version 5)") {
 		t.Errorf("second migrate = %d: %q", code, out.String())
 	}
 	out.Reset()
