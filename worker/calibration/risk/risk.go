@@ -23,11 +23,13 @@
 // weight w_h, W_h = w_h·n_h). Conditional on the labelled answers' values (confidences) and
 // strata, each wrongᵢ is an independent Bernoulli trial, so k_h is a sum of independent,
 // not necessarily identical, Bernoulli trials. The one-sided Clopper–Pearson bound
-// U_h = Beta⁻¹(1 − δ_h; k_h + 1, n_h − k_h) covers their mean error with probability at least
-// 1 − δ_h: its rejection region is a lower tail of k_h, and such a sum's lower tail is no heavier
-// than the binomial's with the same mean (Hoeffding 1956, "On the distribution of the number of
-// successes in independent trials", Ann. Math. Statist. 27(3), Theorem 4; for k = 0 directly
-// by the AM–GM inequality). The strata are bounded separately, at δ_h = δ·W_h/W (rounded down a little: see
+// U_h = Beta⁻¹(1 − δ_h; k_h + 1, n_h − k_h) covers their mean error p̄ with probability at
+// least 1 − δ_h: U_h < p̄ only when k_h falls in a lower tail {k ≤ c} of the binomial
+// Bin(n_h, p̄) of probability ≤ δ_h, and such a sum's lower tail is no heavier than that
+// binomial's (Hoeffding 1956, "On the distribution of the number of successes in independent
+// trials", Ann. Math. Statist. 27(3), Theorem 4: P(S ≤ c) ≤ P(Bin ≤ c) for c ≤ n·p̄ − 1, which
+// covers every such tail when δ_h < 1/2, since c then lies below the binomial's median, at
+// most ⌊n·p̄⌋ − 1; for c = 0 also directly, P(S = 0) = Π(1 − pᵢ) ≤ (1 − p̄)ⁿ by AM–GM). The strata are bounded separately, at δ_h = δ·W_h/W (rounded down a little: see
 // roundShareDown), and combined
 //
 //	U(t) = Σ_h (W_h/W)·U_h
