@@ -27,9 +27,12 @@
 // least 1 − δ_h: U_h < p̄ only when k_h falls in a lower tail {k ≤ c} of the binomial
 // Bin(n_h, p̄) of probability ≤ δ_h, and such a sum's lower tail is no heavier than that
 // binomial's (Hoeffding 1956, "On the distribution of the number of successes in independent
-// trials", Ann. Math. Statist. 27(3), Theorem 4: P(S ≤ c) ≤ P(Bin ≤ c) for c ≤ n·p̄ − 1, which
-// covers every such tail when δ_h < 1/2, since c then lies below the binomial's median, at
-// most ⌊n·p̄⌋ − 1; for c = 0 also directly, P(S = 0) = Π(1 − pᵢ) ≤ (1 − p̄)ⁿ by AM–GM). The strata are bounded separately, at δ_h = δ·W_h/W (rounded down a little: see
+// trials", Ann. Math. Statist. 27(3), Theorem 4: P(S ≤ c) ≤ P(Bin ≤ c) for c ≤ n·p̄ − 1). That
+// covers every such tail when δ_h < 1/4: the binomial's probability up to n·p̄ is at least 1/4
+// (Doerr 2018, "An elementary analysis of the probability that a binomial random variable
+// exceeds its expectation", applied to the failures, for p̄ ≤ 1 − 1/n), so a tail of less ends
+// below ⌊n·p̄⌋. For c = 0 it holds outright: P(S = 0) = Π(1 − pᵢ) ≤ (1 − p̄)ⁿ by AM–GM. (With a
+// δ of 1/4 or more, which nobody asks of a guarantee, this step is not proven.) The strata are bounded separately, at δ_h = δ·W_h/W (rounded down a little: see
 // roundShareDown), and combined
 //
 //	U(t) = Σ_h (W_h/W)·U_h
