@@ -237,7 +237,7 @@ func Fit(labels []Label, o Options) (Result, error) {
 			next++
 		}
 		if !started {
-			if b.hypothetical(o.Target/2) > o.Target {
+			if !b.couldPass(o.Target/2, o.Target) {
 				continue
 			}
 			started = true
@@ -414,6 +414,29 @@ func (b *bounder) hypothetical(rate float64) float64 {
 		u += share * ClopperPearsonUpper(k, b.n[h], b.delta*roundShareDown(share))
 	}
 	return u
+}
+
+// couldPass reports whether hypothetical(rate) ≤ target. Most thresholds before the start
+// fail it, so a cheap lower bound of each stratum's bound — its estimate, and the closed form
+// 1 − δ_h^(1/n) of a bound with no error, both below any Clopper–Pearson bound with errors —
+// decides those without a quantile.
+func (b *bounder) couldPass(rate, target float64) bool {
+	W := b.coveredWeight()
+	lower := 0.0
+	for h, w := range b.weights {
+		if b.n[h] == 0 {
+			continue
+		}
+		n := float64(b.n[h])
+		share := w * n / W
+		k := math.Floor(rate * n)
+		zero := -math.Expm1(math.Log(b.delta*roundShareDown(share)) / n) // 1 − δ_h^(1/n)
+		lower += share * math.Max(k/n, zero)
+	}
+	if lower > target {
+		return false
+	}
+	return b.hypothetical(rate) <= target
 }
 
 // labelsNeeded estimates how many labels of the same mix would let the full set pass the
