@@ -127,6 +127,24 @@ type FitSummary struct {
 	Temperature float64   `json:"temperature"`
 	N           int       `json:"n"`
 	FittedAt    time.Time `json:"fitted_at"`
+	// Risk is the fit's risk threshold (sys1 calibrate --target-error --apply), which policy
+	// rules with max_error decide by; nil without one.
+	Risk *RiskSummary `json:"risk,omitempty"`
+}
+
+// RiskSummary is what capabilities show of a stored risk threshold: enough to tell which
+// threshold a max_error rule applies and what it was fitted for.
+type RiskSummary struct {
+	TargetError float64   `json:"target_error"`
+	Delta       float64   `json:"delta"`
+	ThresholdOn string    `json:"threshold_on"`
+	Calibrated  bool      `json:"calibrated"`
+	AbstainAll  bool      `json:"abstain_all"`
+	Threshold   float64   `json:"threshold"`
+	Coverage    float64   `json:"coverage"`
+	Bound       float64   `json:"bound"`
+	N           int       `json:"n"`
+	FittedAt    time.Time `json:"fitted_at"`
 }
 
 // Limits are the contract's bounds and the deployment's.
@@ -306,7 +324,12 @@ func (w *Worker) Capabilities() Capabilities {
 	}
 	if fits := w.fits.Load(); fits != nil {
 		for _, f := range fits.List() {
-			c.Calibration = append(c.Calibration, FitSummary{Model: f.Model, Caller: f.Caller, Question: f.Question, Temperature: f.Temperature, N: f.N, FittedAt: f.FittedAt})
+			s := FitSummary{Model: f.Model, Caller: f.Caller, Question: f.Question, Temperature: f.Temperature, N: f.N, FittedAt: f.FittedAt}
+			if r := f.Risk; r != nil {
+				s.Risk = &RiskSummary{TargetError: r.TargetError, Delta: r.Delta, ThresholdOn: string(r.ThresholdOn), Calibrated: r.Calibrated,
+					AbstainAll: r.AbstainAll, Threshold: r.Threshold, Coverage: r.Coverage, Bound: r.Bound, N: r.N, FittedAt: r.At}
+			}
+			c.Calibration = append(c.Calibration, s)
 		}
 	}
 	for _, name := range []string{"request", "reply", "record"} {

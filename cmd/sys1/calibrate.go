@@ -919,17 +919,29 @@ func calibrateList(ctx context.Context, f calibrateFlags, stdout, stderr io.Writ
 		return exitOK
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tMODEL\tCALLER\tQUESTION\tTYPE\tT\tN\tECE\tFITTED\tREVISION")
+	fmt.Fprintln(tw, "KEY\tMODEL\tCALLER\tQUESTION\tTYPE\tT\tN\tECE\tRISK\tFITTED\tREVISION")
 	for _, e := range entries {
 		if e.Err != nil {
-			fmt.Fprintf(tw, "%s\t(unusable: %v)\t\t\t\t\t\t\t\t%d\n", e.Key, e.Err, e.Revision)
+			fmt.Fprintf(tw, "%s\t(unusable: %v)\t\t\t\t\t\t\t\t\t%d\n", e.Key, e.Err, e.Revision)
 			continue
 		}
 		fit := e.Fit
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.3f\t%d\t%.3f → %.3f\t%s\t%d\n", e.Key, fit.Model, fit.Caller, fit.Question, fit.Type, fit.Temperature, fit.N, fit.Before.ECE, fit.After.ECE, fit.FittedAt.Format("2006-01-02 15:04"), e.Revision)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.3f\t%d\t%.3f → %.3f\t%s\t%s\t%d\n", e.Key, fit.Model, fit.Caller, fit.Question, fit.Type, fit.Temperature, fit.N, fit.Before.ECE, fit.After.ECE, riskColumn(fit.Risk), fit.FittedAt.Format("2006-01-02 15:04"), e.Revision)
 	}
 	_ = tw.Flush()
 	return exitOK
+}
+
+// riskColumn is the RISK column of --list: the stored risk threshold and what it was fitted
+// for, "abstain all" when no threshold met the target, "–" without a risk fit.
+func riskColumn(r *calibration.Risk) string {
+	if r == nil {
+		return "–"
+	}
+	if r.AbstainAll {
+		return fmt.Sprintf("abstain all (ε %.3g)", r.TargetError)
+	}
+	return fmt.Sprintf("%s ≥ %.3f (ε %.3g, coverage %.3f)", r.ThresholdOn, r.Threshold, r.TargetError, r.Coverage)
 }
 
 // matches reports whether a stored entry passes the --model/--caller/--question filters (an

@@ -309,6 +309,15 @@ func TestCalibrateRiskCommand(t *testing.T) {
 	if code, out, _ = calibrate(t, "--list"); code != exitOK || !strings.Contains(out, "nimble.billing.label") {
 		t.Errorf("--list: %d\n%s", code, out)
 	}
+	// The RISK column names the all-right group's stored threshold and the label group's none.
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(line, "nimble.billing.right ") && !strings.Contains(line, "(ε 0.1"):
+			t.Errorf("--list shows no risk threshold for the risk fit: %q", line)
+		case strings.HasPrefix(line, "nimble.billing.label ") && strings.Contains(line, "(ε "):
+			t.Errorf("--list shows a risk threshold for a temperature-only fit: %q", line)
+		}
+	}
 }
 
 // --report compares each stored fit with the labels since: the decided answers' error from

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/sink/chtest"
+	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/calibration"
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
@@ -139,6 +140,23 @@ func TestRiskControlEndToEnd(t *testing.T) {
 		}
 		v, _ := rep.Verdicts.Get("label")
 		return v.Rule == "guaranteed" && !strings.HasPrefix(v.Reason, "no risk fit")
+	})
+	// Capabilities show the threshold the replica decides by.
+	natstest.WaitFor(t, 20*time.Second, "the risk threshold in the replica's capabilities", func() bool {
+		caps, err := worker.AskFleet(ctx, nc, worker.CapabilitiesSubject, time.Second)
+		var c worker.Capabilities
+		if err != nil || len(caps) != 1 || json.Unmarshal(caps[0], &c) != nil {
+			return false
+		}
+		for _, f := range c.Calibration {
+			if f.Question == "label" && f.Risk != nil {
+				if f.Risk.Threshold != fit.Risk.Threshold || f.Risk.TargetError != 0.2 || f.Risk.N != fit.Risk.N {
+					t.Fatalf("capabilities show risk %+v, stored %+v", f.Risk, fit.Risk)
+				}
+				return true
+			}
+		}
+		return false
 	})
 	suffix := fmt.Sprintf("(max_error 0.2, fit of %s, n %s)", fit.FittedAt.Format("2006-01-02"), thousandsInt(fit.Risk.N))
 	decided, abstained := 0, 0
