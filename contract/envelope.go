@@ -73,18 +73,25 @@ type Reply struct {
 	LatencyMS int64      `json:"latency_ms"`
 }
 
-// Caller kinds (SPEC §6).
+// Caller kinds (SPEC §6). Anonymous means unverified: a request refused before its caller was
+// verified (its caller empty), or any request in auth mode none (its caller the subject's
+// token, as claimed).
 const (
 	CallerKindAnonymous = "anonymous"
 	CallerKindSubject   = "subject"
 	CallerKindJWT       = "jwt"
 )
 
+// LegacyAnonymousCaller is the caller versions before issue 23 gave every request in auth mode
+// none. Runs in the run-id gate and review items on SYS1_REVIEW written then still carry it.
+const LegacyAnonymousCaller = "anonymous"
+
 // RecordSchemaVersion is the version of the RunRecord shape; bump it on any change. Version 2
 // added batch_id, item_id, record_state, verdicts, review, cache_hit, cost_usd, trace_id and
 // attempts[].model; a version 1 record reads as a version 2 one with those empty (cost_usd
-// null: unknown, not free). Version 3 added verdicts[].audit_share; an older record reads with
-// it absent (its audit samples' share unknown).
+// null: unknown, not free). Version 3 added verdicts[].audit_share and review.items (every
+// review item of the run); an older record reads with them absent (its audit samples' share
+// unknown; review.item its only known item).
 const RecordSchemaVersion = 3
 
 // MinRecordSchemaVersion is the oldest record shape readers still accept.

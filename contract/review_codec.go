@@ -10,7 +10,7 @@ func (it ReviewItem) MarshalJSON() ([]byte, error) {
 }
 
 func (it *ReviewItem) sizeHint() int {
-	n := 512 + len(it.Question) + len(it.Instructions) + len(it.State) + 96*len(it.Images)
+	n := 512 + len(it.Subject) + len(it.Question) + len(it.Instructions) + len(it.State) + 96*len(it.Images)
 	for _, o := range it.Options {
 		n += 8 + len(o.Key)
 		if o.Description != nil {
@@ -34,6 +34,10 @@ func (it *ReviewItem) AppendJSON(b []byte) []byte {
 	b = appendString(b, it.RunID)
 	b = append(b, `,"caller":`...)
 	b = appendString(b, it.Caller)
+	if it.Subject != "" {
+		b = append(b, `,"subject":`...)
+		b = appendString(b, it.Subject)
+	}
 	b = append(b, `,"provider":`...)
 	b = appendString(b, it.Provider)
 	b = append(b, `,"model":`...)
@@ -132,6 +136,8 @@ func (d *recordDecoder) reviewItemField(it *ReviewItem, key []byte) error {
 		return d.str(&it.RunID)
 	case "caller":
 		return d.str(&it.Caller)
+	case "subject":
+		return d.str(&it.Subject)
 	case "provider":
 		return d.str(&it.Provider)
 	case "model":

@@ -16,8 +16,8 @@ import (
 
 // DecodeReviewItem reads one review item strictly (see the file comment). id, run_id,
 // caller, question, type, verdict and created_at are required; whether the item is
-// consistent (its id derived from its run and question, its caller the subject's) is for the
-// reader to check, which knows the subject.
+// consistent (its id derived from its run and question, its subject's token the one it was
+// published under) is for the reader to check, which knows the subject.
 func DecodeReviewItem(data []byte) (*ReviewItem, error) {
 	var it ReviewItem
 	err := decodeStrict(data, "review item", func(d *strictDecoder, key string) error {
@@ -28,6 +28,8 @@ func DecodeReviewItem(data []byte) (*ReviewItem, error) {
 			return d.str(&it.RunID)
 		case "caller":
 			return d.str(&it.Caller)
+		case "subject":
+			return d.str(&it.Subject)
 		case "provider":
 			return d.str(&it.Provider)
 		case "model":

@@ -183,7 +183,7 @@ func fullVerdicts() Verdicts {
 }
 
 func fullReview() *ReviewRef {
-	return &ReviewRef{Status: ReviewPending, Item: ReviewItemID("r1", "n")}
+	return &ReviewRef{Status: ReviewPending, Item: ReviewItemID("r1", "n"), Items: []string{ReviewItemID("r1", "n"), ReviewItemID("r1", "m")}}
 }
 
 // fullRecord is a record with every field set.
@@ -318,7 +318,7 @@ func fullReviewItem() ReviewItem {
 	conf, score := 0.31, 1.2
 	desc := "money back"
 	return ReviewItem{
-		ID: ReviewItemID("r1", "label"), RunID: "r1", Caller: "svc", Provider: "ollama", Model: "nimble",
+		ID: ReviewItemID("r1", "label"), RunID: "r1", Caller: "svc", Subject: "sys1.decide.svc.tickets", Provider: "ollama", Model: "nimble",
 		Question: "label", Type: TypeChoice, Instructions: json.RawMessage(`"Pick <b>one</b>"`),
 		Options: []Option{{Key: "refund", Description: &desc}, {Key: "other"}}, Levels: []string{"lo", "hi"},
 		Probabilities: []Probability{{"refund", 0.55}, {"other", 0.45}}, Confidence: &conf, Noul: &conf, Score: &score,

@@ -65,6 +65,9 @@ const (
 type ReviewRef struct {
 	Status string `json:"status"` // "pending" or "reviewed"
 	Item   string `json:"item"`   // the first review item's id
+	// Items are the ids of every review item of the run, in question order (Items[0] is
+	// Item). Absent in replies and records written before issue 23 added it.
+	Items []string `json:"items,omitempty"`
 }
 
 // Review modes of a policy rule.
@@ -79,7 +82,12 @@ const (
 type ReviewItem struct {
 	ID       string       `json:"id"` // ReviewItemID(run id, question)
 	RunID    string       `json:"run_id"`
-	Caller   string       `json:"caller"`
+	// Caller is the run's verified caller (in mode none: the unverified subject token).
+	Caller string `json:"caller"`
+	// Subject is the subject the run's request was published on. Its caller token names the
+	// item's own subject, sys1.review.<token> (topology.ReviewSubject), which the review page
+	// checks; empty in items written before issue 23, whose caller was that token.
+	Subject  string       `json:"subject,omitempty"`
 	Provider string       `json:"provider"`
 	Model    string       `json:"model"`
 	Question string       `json:"question"`

@@ -162,6 +162,10 @@ func (r *ReviewRef) appendJSON(b []byte) []byte {
 	b = appendString(b, r.Status)
 	b = append(b, `,"item":`...)
 	b = appendString(b, r.Item)
+	if len(r.Items) > 0 {
+		b = append(b, `,"items":`...)
+		b = appendStrings(b, r.Items)
+	}
 	return append(b, '}')
 }
 
@@ -367,7 +371,7 @@ func (d *recordDecoder) probabilities(dst *[]Probability) error {
 	return err
 }
 
-// reviewRef reads {"status", "item"} into *dst, as json.Unmarshal does into a pointer field:
+// reviewRef reads {"status", "item", "items"} into *dst, as json.Unmarshal does into a pointer field:
 // null sets it to nil, an object fills the existing value (or a new one).
 func (d *recordDecoder) reviewRef(dst **ReviewRef) error {
 	if null, err := d.null(); null || err != nil {
@@ -389,6 +393,8 @@ func (d *recordDecoder) reviewRef(dst **ReviewRef) error {
 			return d.str(&r.Status)
 		case "item":
 			return d.str(&r.Item)
+		case "items":
+			return d.strings(&r.Items)
 		}
 		_, _, err := d.p.skip()
 		return err

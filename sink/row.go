@@ -26,7 +26,7 @@ var runColumns = []string{
 	"answers.verdict", "answers.rule", "answers.calibrated_probability", "answers.temperature",
 	"answers.audit_share",
 	"input_tokens", "output_tokens", "reply_to", "request", "result", "record_state",
-	"verdicts", "review_status", "review_item", "cache_hit", "cost_usd",
+	"verdicts", "review_status", "review_item", "review_items", "cache_hit", "cost_usd",
 	"worker", "version", "schema_version", "trace_id",
 	"runs_stream", "runs_seq",
 }
@@ -72,6 +72,7 @@ type row struct {
 	recordState               string
 	verdicts                  string
 	reviewStatus, reviewItem  string
+	reviewItems               []string
 	cacheHit                  bool
 	costUSD                   *float64
 	worker, version           string
@@ -94,7 +95,7 @@ func (r *row) values() []any {
 		r.ansVerdict, r.ansRule, r.ansCalibrated, r.ansTemp,
 		r.ansAuditShare,
 		r.inputTokens, r.outputTokens, r.replyTo, r.request, r.result, r.recordState,
-		r.verdicts, r.reviewStatus, r.reviewItem, r.cacheHit, r.costUSD,
+		r.verdicts, r.reviewStatus, r.reviewItem, r.reviewItems, r.cacheHit, r.costUSD,
 		r.worker, r.version, r.schemaVersion, r.traceID,
 		r.runsStream, r.runsSeq,
 	}
@@ -171,8 +172,15 @@ func toRow(rec *contract.RunRecord, from origin, mode RecordState) (*row, error)
 		cacheHit:      rec.CacheHit, costUSD: rec.CostUSD, traceID: rec.TraceID,
 		runsStream: from.stream, runsSeq: from.seq,
 	}
+	r.reviewItems = []string{}
 	if rec.Review != nil {
 		r.reviewStatus, r.reviewItem = rec.Review.Status, rec.Review.Item
+		switch {
+		case len(rec.Review.Items) > 0:
+			r.reviewItems = rec.Review.Items
+		case rec.Review.Item != "":
+			r.reviewItems = []string{rec.Review.Item} // written before records named every item
+		}
 	}
 	if len(rec.Verdicts) > 0 {
 		b, _ := rec.Verdicts.MarshalJSON() // never fails

@@ -169,7 +169,8 @@ func TestToRowV2Fields(t *testing.T) {
 	calConf, calNoul := 0.5, 0.33
 	rec.BatchID, rec.ItemID, rec.RunID = "tickets-7", "3", "tickets-7:3"
 	rec.CostUSD, rec.CacheHit, rec.TraceID = &cost, true, "4bf92f3577b34da6a3ce929d0e0e4736"
-	rec.Review = &contract.ReviewRef{Status: contract.ReviewPending, Item: contract.ReviewItemID(rec.RunID, "urgent")}
+	items := []string{contract.ReviewItemID(rec.RunID, "urgent"), contract.ReviewItemID(rec.RunID, "label")}
+	rec.Review = &contract.ReviewRef{Status: contract.ReviewPending, Item: items[0], Items: items}
 	rec.Attempts[0].Model = "nimble-q4"
 	rec.Verdicts = contract.Verdicts{
 		// out of order on purpose: matched by name, not position
@@ -185,8 +186,15 @@ func TestToRowV2Fields(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.batchID != "tickets-7" || r.itemID != "3" || r.costUSD == nil || *r.costUSD != cost || !r.cacheHit || r.traceID != rec.TraceID ||
-		r.reviewStatus != "pending" || r.reviewItem != rec.Review.Item || r.attModel[0] != "nimble-q4" || r.schemaVersion != contract.RecordSchemaVersion {
+		r.reviewStatus != "pending" || r.reviewItem != rec.Review.Item || strings.Join(r.reviewItems, ",") != strings.Join(items, ",") ||
+		r.attModel[0] != "nimble-q4" || r.schemaVersion != contract.RecordSchemaVersion {
 		t.Fatalf("v2 columns: %+v", r)
+	}
+	// A record written before records named every item: review_items is its one item.
+	older := rec
+	older.Review = &contract.ReviewRef{Status: contract.ReviewPending, Item: items[0]}
+	if r, err := toRow(&older, origin{stream: "SYS1_RUNS", seq: 8}, RecordFull); err != nil || strings.Join(r.reviewItems, ",") != items[0] {
+		t.Fatalf("review_items of an older record: %v, %v", r.reviewItems, err)
 	}
 	if got := strings.Join(r.ansVerdict, ","); got != "decided,abstained,decided" || strings.Join(r.ansRule, ",") != "labels,urgency," {
 		t.Fatalf("verdict columns %v %v", r.ansVerdict, r.ansRule)

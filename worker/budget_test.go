@@ -62,7 +62,7 @@ providers:
 // record, and cost the model nothing.
 func TestBudgetIsExactAcrossReplicas(t *testing.T) {
 	h := newHarness(t)
-	opt := withLimits(t, "rules:\n  - caller: anonymous\n    usd_per_day: 0.05\n", centPerRun)
+	opt := withLimits(t, "rules:\n  - caller: svc-a\n    usd_per_day: 0.05\n", centPerRun)
 	for i := range 3 {
 		h.start(opt, func(o *replicaOpts) { o.cfg.ID = fmt.Sprint("replica-", i) })
 	}
@@ -129,7 +129,7 @@ func TestUnpricedRunsCostNull(t *testing.T) {
 // and when that is past its deadline it is answered SYS1_EXPIRED at once, without a call.
 func TestRateLimitWaitsWithinTheDeadline(t *testing.T) {
 	h := newHarness(t)
-	h.start(withLimits(t, "rules:\n  - caller: anonymous\n    decisions_per_minute: 2\n", ""))
+	h.start(withLimits(t, "rules:\n  - caller: svc-a\n    decisions_per_minute: 2\n", ""))
 	// Stay inside one minute: a window boundary between the runs would admit a third.
 	if s := time.Now().Second(); s > 50 {
 		time.Sleep(time.Duration(61-s) * time.Second)
@@ -163,7 +163,7 @@ func TestRateLimitWaitsWithinTheDeadline(t *testing.T) {
 func TestInFlightCapHoldsAcrossReplicas(t *testing.T) {
 	h := newHarness(t)
 	h.fake.SetLatency(150 * time.Millisecond)
-	opt := withLimits(t, "rules:\n  - caller: anonymous\n    in_flight: 1\n", "")
+	opt := withLimits(t, "rules:\n  - caller: svc-a\n    in_flight: 1\n", "")
 	for i := range 2 {
 		h.start(opt, func(o *replicaOpts) { o.cfg.ID = fmt.Sprint("replica-", i) })
 	}

@@ -17,7 +17,7 @@ import (
 // request allows is a miss.
 func TestExactCacheHitsMissesAndNewWeights(t *testing.T) {
 	h := newHarness(t)
-	h.start(withLimits(t, "rules:\n  - caller: anonymous\n    cache: 1h\n", centPerRun),
+	h.start(withLimits(t, "rules:\n  - caller: svc-a\n    cache: 1h\n", centPerRun),
 		func(o *replicaOpts) { o.cfg.ProbeInterval = 50 * time.Millisecond })
 	first := h.decide("svc-a", []byte(ticket), func(r *client.Request) { r.RunID = "cold" })
 	if first.Status != contract.StatusSuccess || h.fake.Calls() != 1 {

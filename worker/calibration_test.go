@@ -36,8 +36,8 @@ rules:
 		t.Fatalf("without a fit (the fake's P(yes) for this ticket is 0.54): %s", before.Raw)
 	}
 	kv := calibrationtest.Bucket(t, h.js, h.topo.CalibrationBucketConfig())
-	calibrationtest.PutFit(t, kv, "other-model", "anonymous", "urgent", contract.TypeNoul, 20)
-	fit, _ := calibrationtest.PutFit(t, kv, "nimble", "anonymous", "urgent", contract.TypeNoul, 0.1)
+	calibrationtest.PutFit(t, kv, "other-model", "svc-a", "urgent", contract.TypeNoul, 20)
+	fit, _ := calibrationtest.PutFit(t, kv, "nimble", "svc-a", "urgent", contract.TypeNoul, 0.1)
 	waitFor(t, "the fits in capabilities", 10*time.Second, func() bool {
 		caps, err := worker.AskFleet(context.Background(), h.nc, worker.CapabilitiesSubject, time.Second)
 		var c worker.Capabilities

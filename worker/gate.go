@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/auth"
 )
 
 // The run-id gate: one JetStream KV entry per run id records which verified caller owns it,
@@ -111,8 +112,10 @@ func GateGroupFilter(group string) string {
 // id with a ':' that arrived before an upgrade may still be in its legacy entry (see claim).
 func legacyGateKey(runID string) string { return "r" + hex.EncodeToString([]byte(runID)) }
 
-// claim records ownership of runID for caller, or reports why it cannot.
-func (g gate) claim(ctx context.Context, runID, caller string, seq uint64, now time.Time) (claimResult, *runState, uint64, error) {
+// claim records ownership of runID for the caller of id, or reports why it cannot (a run id
+// belongs to the caller that first used it: auth.SameOwner).
+func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uint64, now time.Time) (claimResult, *runState, uint64, error) {
+	caller := id.Caller
 	key := GateKey(runID)
 	if strings.Contains(runID, ":") {
 		// An entry written before grouped keys (see legacyGateKey) still governs its run until
@@ -151,7 +154,7 @@ func (g gate) claim(ctx context.Context, runID, caller string, seq uint64, now t
 		}
 		st.key = key
 		switch {
-		case st.Caller != caller:
+		case !auth.SameOwner(st.Caller, id):
 			return claimConflict, &st, entry.Revision(), nil
 		case st.Status == runDone:
 			return claimFinished, &st, entry.Revision(), nil

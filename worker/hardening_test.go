@@ -273,7 +273,7 @@ func TestRedeliveredFinishedRunWritesItsRecord(t *testing.T) {
 		t.Fatalf("reply %s", rep.Raw)
 	}
 	rec := h.recordByRun("rebuilt-1")
-	if rec.Request == nil || len(rec.Request.Questions) != 3 || rec.Result == nil || len(rec.Attempts) != 1 || rec.Deliveries != 1 || rec.Caller != "anonymous" || rec.Model != "nimble" {
+	if rec.Request == nil || len(rec.Request.Questions) != 3 || rec.Result == nil || len(rec.Attempts) != 1 || rec.Deliveries != 1 || rec.Caller != "svc-a" || rec.Model != "nimble" {
 		t.Errorf("rebuilt record: request %v, result %v, %d attempts, %d deliveries, caller %q, model %q", rec.Request != nil, rec.Result != nil, len(rec.Attempts), rec.Deliveries, rec.Caller, rec.Model)
 	}
 	if calls := h.fake.Calls(); calls != 2 {

@@ -217,6 +217,11 @@ func TestHoldOfTwoQuestionsWaitsForBoth(t *testing.T) {
 			rep.Review == nil || rep.Review.Status != contract.ReviewReviewed {
 			t.Errorf("%s: %s", id, rep.Raw)
 		}
+		// The reply names both review items, the first as item too.
+		items := []string{contract.ReviewItemID(id, "label"), contract.ReviewItemID(id, "anger")}
+		if rep.Review == nil || rep.Review.Item != items[0] || strings.Join(rep.Review.Items, ",") != strings.Join(items, ",") {
+			t.Errorf("%s: review %+v, want item %s and items %v", id, rep.Review, items[0], items)
+		}
 	}
 }
 

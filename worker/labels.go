@@ -241,7 +241,7 @@ func (s *labelSubmission) check(ctx context.Context) (*contract.Label, *contract
 	}
 	// Another caller's run reads exactly like no run: a label must not tell anyone which
 	// run ids others use.
-	if st == nil || st.Caller != identity.Caller {
+	if st == nil || !auth.SameOwner(st.Caller, identity) {
 		return nil, labelProblem("run_id", fmt.Sprintf("no run %q of yours is known (the run-id gate remembers runs for %s)", l.RunID, w.opt.Topology.RunIDTTL)), nil
 	}
 	if st.Status != runDone {

@@ -122,7 +122,7 @@ func TestMetricsCallerLabel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := value(t, fams, "sys1_worker_runs_total", map[string]string{"status": "success", "caller": "anonymous"}); got != 1 {
+	if got := value(t, fams, "sys1_worker_runs_total", map[string]string{"status": "success", "caller": "svc-a"}); got != 1 {
 		t.Errorf("runs by caller = %v", got)
 	}
 	// Without the option there is no caller label at all.

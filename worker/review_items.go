@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -30,7 +29,7 @@ func (r *run) reviewItems(now time.Time) []contract.ReviewItem {
 	for _, rv := range r.reviews {
 		q := r.resolved.Questions[rv.Index]
 		it := contract.ReviewItem{
-			ID: contract.ReviewItemID(r.runID, q.Name), RunID: r.runID, Caller: r.identity.Caller,
+			ID: contract.ReviewItemID(r.runID, q.Name), RunID: r.runID, Caller: r.identity.Caller, Subject: r.msg.Subject(),
 			Provider: r.provider(), Model: r.answeredModel, Question: q.Name, Type: q.Type,
 			Instructions: q.Instructions, Options: q.Options, Levels: q.Levels,
 			Mode: rv.Mode, Audit: rv.Audit, Images: refs, CreatedAt: now.UTC(),
@@ -69,21 +68,21 @@ func answerNamed(answers []contract.Answer, name string) *contract.Answer {
 	return nil
 }
 
-// reviewSubject is sys1.review.<token>: the caller token of the request's subject, which the
-// NATS permissions tie to the producer (a jwt caller's sub need not be a valid subject token).
-func (r *run) reviewSubject() string {
-	token, err := auth.CallerFromSubject(r.msg.Subject())
-	if err != nil {
-		token = r.identity.Caller
-	}
-	return topology.ReviewPrefix + token
+// reviewSubject is where the run's review items go: topology.ReviewSubject, the one rule the
+// review page checks them by.
+func (r *run) reviewSubject() (string, error) {
+	return topology.ReviewSubject(r.msg.Subject())
 }
 
 // publishReviewItems writes the run's review items to SYS1_REVIEW, each de-duplicated by its
 // id, before the run's reply says "pending": a reply never points at an item that is not
 // there. An item too large to store with its state is stored without it.
 func (r *run) publishReviewItems(ctx context.Context, items []contract.ReviewItem) error {
-	subject := r.reviewSubject()
+	subject, err := r.reviewSubject()
+	if err != nil {
+		// Unreachable: admit refused every request without a caller token.
+		return fmt.Errorf("publish review items: %w", err)
+	}
 	for i := 0; i < len(items); i++ {
 		it := &items[i]
 		err := r.store(ctx, "publish a review item", func(ctx context.Context) error {

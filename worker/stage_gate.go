@@ -12,7 +12,7 @@ import (
 // stored outcome), or another message with the same id is running it (wait for that one).
 func (r *run) gate(ctx context.Context) error {
 	w := r.w
-	claim, st, rev, err := w.gate.claim(ctx, r.runID, r.identity.Caller, r.meta.Sequence.Stream, r.start)
+	claim, st, rev, err := w.gate.claim(ctx, r.runID, r.identity, r.meta.Sequence.Stream, r.start)
 	if err != nil {
 		return err
 	}

@@ -24,7 +24,12 @@ func (r *run) policy(context.Context) error {
 	})
 	r.verdicts, r.reviews, r.hold = out.Verdicts, out.Review, out.Hold()
 	if len(out.Review) > 0 {
-		r.review = &contract.ReviewRef{Status: contract.ReviewPending, Item: contract.ReviewItemID(r.runID, out.Review[0].Question)}
+		// The reply names every review item of the run (items), and the first one as item.
+		ids := make([]string, len(out.Review))
+		for i, rv := range out.Review {
+			ids[i] = contract.ReviewItemID(r.runID, rv.Question)
+		}
+		r.review = &contract.ReviewRef{Status: contract.ReviewPending, Item: ids[0], Items: ids}
 	}
 	return nil
 }

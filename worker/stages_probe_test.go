@@ -29,8 +29,8 @@ func TestMeasureBudgetAndCacheStages(t *testing.T) {
 		limits string
 	}{
 		{"no limits", ""},
-		{"rate, tokens, USD, cache", "rules:\n  - caller: anonymous\n    decisions_per_minute: 1000000\n    input_tokens_per_day: 1000000000\n    usd_per_day: 1000000\n    cache: 1h\n"},
-		{"and in_flight", "rules:\n  - caller: anonymous\n    decisions_per_minute: 1000000\n    input_tokens_per_day: 1000000000\n    usd_per_day: 1000000\n    in_flight: 64\n    cache: 1h\n"},
+		{"rate, tokens, USD, cache", "rules:\n  - caller: svc-a\n    decisions_per_minute: 1000000\n    input_tokens_per_day: 1000000000\n    usd_per_day: 1000000\n    cache: 1h\n"},
+		{"and in_flight", "rules:\n  - caller: svc-a\n    decisions_per_minute: 1000000\n    input_tokens_per_day: 1000000000\n    usd_per_day: 1000000\n    in_flight: 64\n    cache: 1h\n"},
 	}
 	hs := make([]*harness, len(configs))
 	for i, c := range configs {

@@ -111,7 +111,8 @@ func TestDecisionEndToEndAllTypes(t *testing.T) {
 
 	waitFor(t, "record", 5*time.Second, func() bool { return len(h.records()) == 1 })
 	rec := h.recordByRun("ticket-1")
-	if rec.Status != contract.StatusSuccess || rec.Caller != "anonymous" || rec.CallerKind != contract.CallerKindAnonymous {
+	// Mode none: the caller is the subject's token, recorded as unverified.
+	if rec.Status != contract.StatusSuccess || rec.Caller != "svc-a" || rec.CallerKind != contract.CallerKindAnonymous || rec.Subject != "sys1.decide.svc-a" {
 		t.Errorf("record identity/status: %+v", rec)
 	}
 	if rec.Model != "nimble" || rec.RequestedModel != "nimble" || rec.Provider != "ollama" || rec.Worker != "test-worker" || rec.Version != "test" {
@@ -388,6 +389,48 @@ func TestRunIDConflictAcrossCallersLeavesFirstRunUntouched(t *testing.T) {
 	}
 }
 
+// TestModeNoneNamesCallersLikeProduction: in auth mode none (the default) each caller is its
+// subject token, recorded as unverified, so the run-id ownership rule holds between callers
+// as in production; a run stored before mode none named callers (caller "anonymous") still
+// answers any mode-none caller from its stored outcome.
+func TestModeNoneNamesCallersLikeProduction(t *testing.T) {
+	h := newHarness(t)
+	h.start()
+	first := h.decide("svc-a", []byte(ticket), func(r *client.Request) { r.RunID = "none-shared" })
+	if first.Status != contract.StatusSuccess {
+		t.Fatalf("first: %s", first.Raw)
+	}
+	second := h.decide("svc-b", []byte(ticket), func(r *client.Request) { r.RunID, r.MsgID = "none-shared", "b-1" })
+	if second.Status != contract.StatusFailed || second.Error.Code != contract.CodeRunIDConflict {
+		t.Fatalf("another caller reusing the id: %s", second.Raw)
+	}
+	waitFor(t, "records", 5*time.Second, func() bool { return len(h.records()) == 2 })
+	if rec := h.recordByRun("none-shared"); rec.Caller != "svc-a" || rec.CallerKind != contract.CallerKindAnonymous {
+		t.Errorf("record identity: caller %q kind %q", rec.Caller, rec.CallerKind)
+	}
+
+	// A finished run stored as the legacy caller: any mode-none caller gets its stored reply.
+	kv, err := h.js.KeyValue(context.Background(), h.topo.RunsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry, err := kv.Get(context.Background(), worker.GateKey("none-shared"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy := bytes.Replace(entry.Value(), []byte(`"caller":"svc-a"`), []byte(`"caller":"anonymous"`), 1)
+	if bytes.Equal(legacy, entry.Value()) {
+		t.Fatalf("gate entry without the caller: %s", entry.Value())
+	}
+	if _, err := kv.Put(context.Background(), worker.GateKey("none-shared"), legacy); err != nil {
+		t.Fatal(err)
+	}
+	again := h.decide("svc-c", []byte(ticket), func(r *client.Request) { r.RunID, r.MsgID = "none-shared", "c-1" })
+	if !bytes.Equal(again.Raw, first.Raw) || h.fake.Calls() != 1 {
+		t.Errorf("legacy run replayed as %s (%d provider calls), want the stored reply %s", again.Raw, h.fake.Calls(), first.Raw)
+	}
+}
+
 func TestPoisonInputNeverStopsThePool(t *testing.T) {
 	h := newHarness(t)
 	h.start()
@@ -643,7 +686,7 @@ func TestFireAndForgetAndDurableReplies(t *testing.T) {
 	if rec := h.recordByRun("ff-1"); rec.ReplyTo != "" || rec.Status != contract.StatusSuccess {
 		t.Errorf("record %+v", rec)
 	}
-	if _, err := h.cl.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "dur-1", ReplyTo: "sys1.replies.anonymous.inbox"}); err != nil {
+	if _, err := h.cl.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "dur-1", ReplyTo: "sys1.replies.svc-a.inbox"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "durable reply", 10*time.Second, func() bool {
@@ -651,7 +694,7 @@ func TestFireAndForgetAndDurableReplies(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		m, err := s.GetLastMsgForSubject(ctx, "sys1.replies.anonymous.inbox")
+		m, err := s.GetLastMsgForSubject(ctx, "sys1.replies.svc-a.inbox")
 		return err == nil && m.Header.Get(worker.HeaderRunID) == "dur-1"
 	})
 	// Reply subjects that would loop or forge records are refused, never written to.
@@ -816,7 +859,7 @@ func TestRunWhoseOwningMessageVanishedIsTakenOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stale := `{"caller":"anonymous","status":"running","stream_seq":987654,"started_at":"2026-01-01T00:00:00Z",` +
+	stale := `{"caller":"svc-a","status":"running","stream_seq":987654,"started_at":"2026-01-01T00:00:00Z",` +
 		`"attempts":[{"provider":"ollama","outcome":"busy","latency_ms":3,"detail":"[SYS1_PROVIDER_BUSY] busy","delivery":1,"error_code":"SYS1_PROVIDER_BUSY","started_at":"2026-01-01T00:00:00Z"}]}`
 	if _, err := kv.Create(ctx, "r"+hex.EncodeToString([]byte("orphan-1")), []byte(stale)); err != nil {
 		t.Fatal(err)
@@ -847,7 +890,7 @@ func TestOwnerLookupFailureIsLoggedAndRetried(t *testing.T) {
 	}
 	// A running gate entry whose owning message cannot be looked up: sequence 0 is a request
 	// JetStream rejects (a bad request, not "no message found"), as NATS trouble would be.
-	owner := `{"caller":"anonymous","status":"running","stream_seq":0,"started_at":"2026-01-01T00:00:00Z"}`
+	owner := `{"caller":"svc-a","status":"running","stream_seq":0,"started_at":"2026-01-01T00:00:00Z"}`
 	if _, err := kv.Create(ctx, "r"+hex.EncodeToString([]byte("lookup-fails-1")), []byte(owner)); err != nil {
 		t.Fatal(err)
 	}

@@ -149,11 +149,13 @@ func TestWorkerRefusesABadPolicyFile(t *testing.T) {
 }
 
 // TestStatusShowsCallersAgainstTheirLimits: with SYS1_LIMITS_FILE, sys1 status shows each
-// caller's use of each limit today, read from the shared counters.
+// caller's use of each limit today, read from the shared counters. The worker runs in the
+// default auth mode (none), where the caller is the subject's token (sys1 decide's "cli"), so
+// a rule naming that caller applies as it would in production.
 func TestStatusShowsCallersAgainstTheirLimits(t *testing.T) {
 	dir := t.TempDir()
 	lim := filepath.Join(dir, "limits.yaml")
-	if err := os.WriteFile(lim, []byte("rules:\n  - caller: anonymous\n    decisions_per_minute: 100\n    input_tokens_per_day: 100000\n"), 0o600); err != nil {
+	if err := os.WriteFile(lim, []byte("rules:\n  - caller: cli\n    decisions_per_minute: 100\n    input_tokens_per_day: 100000\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	startEmbeddedWorker(t, "SYS1_LIMITS_FILE", lim)
@@ -167,12 +169,12 @@ func TestStatusShowsCallersAgainstTheirLimits(t *testing.T) {
 		return code == exitOK && json.Unmarshal([]byte(out), &st) == nil && len(st.Callers) == 2
 	})
 	for _, c := range st.Callers {
-		if c.Caller != "anonymous" || c.Used <= 0 || c.ResetsAt == nil {
+		if c.Caller != "cli" || c.Used <= 0 || c.ResetsAt == nil {
 			t.Errorf("caller use %+v", c)
 		}
 	}
 	_, out, _ := runCmd(t, "status")
-	if !strings.Contains(out, "decisions per minute") || !strings.Contains(out, "anonymous") {
+	if !strings.Contains(out, "decisions per minute") || !strings.Contains(out, "cli ") {
 		t.Errorf("status text:\n%s", out)
 	}
 }

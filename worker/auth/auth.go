@@ -28,10 +28,12 @@ import (
 
 // Identity is a verified caller. It holds no credential, so it may be logged and recorded whole.
 type Identity struct {
-	// Caller is "anonymous" (mode none), the subject token after sys1.decide. (mode subject), or
-	// the token's sub claim (mode jwt).
+	// Caller is the subject's caller token (sys1.decide.<caller>…) in modes none and subject,
+	// or the token's sub claim (mode jwt).
 	Caller string
-	// Kind is contract.CallerKindAnonymous, CallerKindSubject or CallerKindJWT.
+	// Kind is how Caller was established: contract.CallerKindSubject (verified by the NATS
+	// permissions), CallerKindJWT (a checked signature), or CallerKindAnonymous in mode none,
+	// where Caller is only what the subject claims: nothing verified it.
 	Kind string
 	// Roles and Scopes are the verified roles and scopes of a JWT caller; nil otherwise.
 	Roles  []string
@@ -53,12 +55,15 @@ type Authenticator interface {
 	Mode() string
 }
 
-// AnonymousCaller is the caller of every request in mode none.
-const AnonymousCaller = "anonymous"
+// LegacyAnonymousCaller is the caller versions before issue 23 gave every request in mode
+// none. Runs they stored in the run-id gate still carry it; SameOwner lets a mode-none caller
+// reach them until the gate forgets them.
+const LegacyAnonymousCaller = contract.LegacyAnonymousCaller
 
 // New builds the Authenticator of cfg. In jwt mode with a JWKS it loads the key set once (an
 // unreachable or empty JWKS is a start-up error) and refreshes it in the background until ctx
-// ends. Mode none logs a warning: every request is accepted and attributed to "anonymous".
+// ends. Mode none logs a warning: every request is accepted, its caller taken unverified from
+// the subject (caller_kind anonymous).
 func New(ctx context.Context, cfg Config, log zerolog.Logger) (Authenticator, error) {
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("auth configuration: %w", errors.Join(errs...))
@@ -69,7 +74,8 @@ func New(ctx context.Context, cfg Config, log zerolog.Logger) (Authenticator, er
 	}
 	switch cfg.Mode {
 	case ModeNone:
-		log.Warn().Msg("SYS1_AUTH_MODE=none is for development only: every request is accepted and attributed to caller \"anonymous\"")
+		log.Warn().Str("caller_from", topology.DecidePrefix+"<caller>").
+			Msg("SYS1_AUTH_MODE=none is for development only: every request is accepted, its caller taken from the subject without any check (caller_kind anonymous)")
 		return noneAuth{}, nil
 	case ModeSubject:
 		log.Info().Str("caller_from", topology.DecidePrefix+"<caller>").
@@ -84,8 +90,25 @@ type noneAuth struct{}
 
 func (noneAuth) Mode() string { return ModeNone }
 
+// Authenticate in mode none names the caller exactly as mode subject does, so every
+// per-caller feature (policy and limits globs, calibration fits, the review page's caller
+// filter, reply namespaces, run-id ownership) behaves in development as in production; but
+// nothing stops a client from publishing under any token, so the caller is recorded as
+// unverified (CallerKindAnonymous).
 func (noneAuth) Authenticate(_ context.Context, subject string, _ nats.Header) (Identity, *contract.Error) {
-	return Identity{Caller: AnonymousCaller, Kind: contract.CallerKindAnonymous, Subject: subject}, nil
+	caller, err := CallerFromSubject(subject)
+	if err != nil {
+		return Identity{}, contract.Errorf(contract.CodeUnauthenticated, "%v", err)
+	}
+	return Identity{Caller: caller, Kind: contract.CallerKindAnonymous, Subject: subject}, nil
+}
+
+// SameOwner reports whether the caller id, as authenticated, owns a run stored for owner (the
+// run-id ownership rule: a run id belongs to the caller that first used it). One exception:
+// a run stored for LegacyAnonymousCaller, before mode none named callers by their subject
+// token, still belongs to any mode-none caller.
+func SameOwner(owner string, id Identity) bool {
+	return owner == id.Caller || (owner == LegacyAnonymousCaller && id.Kind == contract.CallerKindAnonymous)
 }
 
 type subjectAuth struct{}
@@ -101,24 +124,9 @@ func (subjectAuth) Authenticate(_ context.Context, subject string, _ nats.Header
 }
 
 // CallerFromSubject returns the caller token of the subjects producers publish on:
-// sys1.decide.<caller>[.<more>], sys1.batch.<caller>.<batch id> and sys1.labels.<caller>.
-func CallerFromSubject(subject string) (string, error) {
-	var rest string
-	var ok bool
-	for _, prefix := range []string{topology.DecidePrefix, topology.BatchPrefix, topology.LabelsPrefix} {
-		if rest, ok = strings.CutPrefix(subject, prefix); ok {
-			break
-		}
-	}
-	if !ok {
-		return "", fmt.Errorf("subject %q is not under %s<caller>, %s<caller> or %s<caller>", subject, topology.DecidePrefix, topology.BatchPrefix, topology.LabelsPrefix)
-	}
-	caller, _, _ := strings.Cut(rest, ".")
-	if caller == "" || caller == "*" || caller == ">" || strings.ContainsAny(caller, " \t\r\n") {
-		return "", fmt.Errorf("subject %q has no caller token", subject)
-	}
-	return caller, nil
-}
+// sys1.decide.<caller>[.<more>], sys1.batch.<caller>.<batch id> and sys1.labels.<caller>
+// (topology.CallerToken).
+func CallerFromSubject(subject string) (string, error) { return topology.CallerToken(subject) }
 
 // inboxPrefix is the NATS request-reply inbox namespace (nats.go's default and the per-user
 // _INBOX.<user> prefixes of deploy/nats).
@@ -165,23 +173,19 @@ func CheckReplyTo(id Identity, replyTo string, policy ReplyPolicy) *contract.Err
 	default:
 		return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: %q must start with %s or %s", truncate(replyTo, 64), inboxPrefix, topology.RepliesPrefix)
 	}
-	// Replies stay in the namespace of the subject the request came on: the caller in mode
-	// subject; in mode jwt the producer's own subject token, which the NATS permissions tie to
-	// its NATS user (a JWT sub need not be a valid subject token). An unverified request
-	// (failed authentication, Kind empty) is held to its subject token too, and so is a
-	// verified jwt caller refused for its roles (Kind jwt).
-	var token string
-	switch id.Kind {
-	case contract.CallerKindAnonymous:
-		return nil // mode none: no namespaces to keep apart
-	case contract.CallerKindSubject:
-		token = id.Caller
-	default:
-		t, err := CallerFromSubject(id.Subject)
-		if err != nil {
-			return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: replies need a caller token in the request subject")
-		}
-		token = t
+	// Replies stay in the namespace of the subject the request came on: its caller token,
+	// which the NATS permissions tie to the producer's NATS user (the caller itself in mode
+	// subject; in mode jwt a token's sub need not be a valid subject token). An unverified
+	// request (failed authentication, Kind empty) is held to its subject token too, and so is
+	// a verified jwt caller refused for its roles (Kind jwt). Mode none (Kind anonymous, its
+	// caller unverified) keeps no namespaces: anyone may publish there under any token, so
+	// they would protect nobody, and development clients keep their default inboxes.
+	if id.Kind == contract.CallerKindAnonymous {
+		return nil
+	}
+	token, err := CallerFromSubject(id.Subject)
+	if err != nil {
+		return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: replies need a caller token in the request subject")
 	}
 	own := ns + token
 	if (ns == topology.RepliesPrefix && replyTo == own) || strings.HasPrefix(replyTo, own+".") {

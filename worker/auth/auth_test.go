@@ -35,9 +35,18 @@ func TestNoneModeIsAnonymousAndWarns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Identity{Caller: "anonymous", Kind: contract.CallerKindAnonymous, Subject: "sys1.decide.whoever"}
+	// The caller is the subject's token, as in mode subject, but recorded as unverified.
+	want := Identity{Caller: "whoever", Kind: contract.CallerKindAnonymous, Subject: "sys1.decide.whoever"}
 	if fmt.Sprint(id) != fmt.Sprint(want) {
 		t.Fatalf("identity %+v, want %+v", id, want)
+	}
+	for subject, caller := range map[string]string{"sys1.decide.billing-eu.tickets": "billing-eu", "sys1.batch.analytics.b-1": "analytics", "sys1.labels.svc-a": "svc-a"} {
+		if id, err := a.Authenticate(context.Background(), subject, nil); err != nil || id.Caller != caller || id.Kind != contract.CallerKindAnonymous {
+			t.Errorf("%s: identity %+v, %v; want caller %s, kind anonymous", subject, id, err, caller)
+		}
+	}
+	if _, err := a.Authenticate(context.Background(), "sys1.elsewhere.x", nil); err == nil || err.Code != contract.CodeUnauthenticated {
+		t.Errorf("a subject without a caller token: %v, want %s", err, contract.CodeUnauthenticated)
 	}
 	if !strings.Contains(logs.String(), `"level":"warn"`) || !strings.Contains(logs.String(), "development only") {
 		t.Fatalf("mode none must warn at start, logs: %s", logs.String())
@@ -599,7 +608,7 @@ func mustJSON(t *testing.T, v any) string {
 func TestCheckReplyTo(t *testing.T) {
 	subj := Identity{Caller: "svc-a", Kind: contract.CallerKindSubject, Subject: "sys1.decide.svc-a"}
 	jwtID := Identity{Caller: "user@example.com", Kind: contract.CallerKindJWT, Subject: "sys1.decide.svc-a.batch"}
-	anon := Identity{Caller: AnonymousCaller, Kind: contract.CallerKindAnonymous}
+	anon := Identity{Caller: "dev", Kind: contract.CallerKindAnonymous, Subject: "sys1.decide.dev"}
 	tests := []struct {
 		id      Identity
 		replyTo string
@@ -628,6 +637,10 @@ func TestCheckReplyTo(t *testing.T) {
 		{jwtID, "sys1.replies.svc-a.run-1", ""},
 		{jwtID, "sys1.replies.anything.run-1", contract.CodeForbidden},
 		{Identity{Caller: "u", Kind: contract.CallerKindJWT, Subject: "sys1.decide"}, "sys1.replies.u.run-1", contract.CodeInvalidInput},
+		// Mode none keeps no namespaces: its callers are unverified, so they would protect
+		// nobody. Only the prefixes and the form are checked.
+		{anon, "_INBOX.dev.x", ""},
+		{anon, "sys1.replies.dev.run-1", ""},
 		{anon, "_INBOX.x", ""},
 		{anon, "sys1.replies.anyone.run-1", ""},
 		// Unverified requests (authentication failed) stay in their subject's namespace.
@@ -725,6 +738,31 @@ func TestCallerFromEveryProducerSubject(t *testing.T) {
 	for _, subject := range []string{"sys1.runs.success", "sys1.decide.", "sys1.batch.*.x", "other.svc-a"} {
 		if got, err := CallerFromSubject(subject); err == nil {
 			t.Errorf("%s: caller %q, want an error", subject, got)
+		}
+	}
+}
+
+// TestSameOwner is the run-id ownership rule: a run belongs to the caller that first used its
+// id; runs stored by mode none before it named callers (as "anonymous") stay reachable from
+// mode none only.
+func TestSameOwner(t *testing.T) {
+	dev := Identity{Caller: "dev", Kind: contract.CallerKindAnonymous, Subject: "sys1.decide.dev"}
+	svc := Identity{Caller: "svc-a", Kind: contract.CallerKindSubject, Subject: "sys1.decide.svc-a"}
+	for _, tt := range []struct {
+		owner string
+		id    Identity
+		want  bool
+	}{
+		{"dev", dev, true},
+		{"other", dev, false},
+		{LegacyAnonymousCaller, dev, true},
+		{"svc-a", svc, true},
+		{"svc-b", svc, false},
+		{LegacyAnonymousCaller, svc, false},
+		{"dev", svc, false},
+	} {
+		if got := SameOwner(tt.owner, tt.id); got != tt.want {
+			t.Errorf("SameOwner(%q, %s/%s) = %v, want %v", tt.owner, tt.id.Kind, tt.id.Caller, got, tt.want)
 		}
 	}
 }

@@ -87,6 +87,71 @@ func (b *browserLog) collect(messages iter.Seq2[chromedp.ConsoleMessage, error])
 	}
 }
 
+// browser is one headless Chromium tab, with what its pages report as wrong.
+type browser struct {
+	t    *testing.T
+	ctx  context.Context
+	logs browserLog
+}
+
+// startBrowser starts Chromium for the rest of the test.
+func startBrowser(t *testing.T, chromium string) *browser {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.WindowSize(1440, 960))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancelAlloc)
+	ctx, cancelTab := chromedp.NewContext(actx)
+	t.Cleanup(cancelTab)
+	ctx, cancelTime := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(cancelTime)
+	b := &browser{t: t, ctx: ctx}
+	go b.logs.collect(chromedp.Console(ctx))
+	return b
+}
+
+func (b *browser) do(what string, actions ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	if err := chromedp.Do(b.ctx, actions...); err != nil {
+		b.t.Fatalf("%s: %v (browser problems so far: %v)", what, err, b.logs.snapshot())
+	}
+}
+
+func (b *browser) text(sel string) string {
+	b.t.Helper()
+	v, err := chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(sel)))
+	if err != nil {
+		b.t.Fatalf("text of %s: %v", sel, err)
+	}
+	return v
+}
+
+func (b *browser) location() string {
+	b.t.Helper()
+	v, err := chromedp.Run(b.ctx, chromedp.Location())
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return v
+}
+
+// signIn opens url, is sent to the login form, and signs in as alice, landing on the queue.
+func (b *browser) signIn(url string) {
+	b.t.Helper()
+	b.do("open the queue", chromedp.Navigate(url), chromedp.WaitVisible(chromedp.ID("user")))
+	if loc := b.location(); !strings.Contains(loc, "/login?next=") {
+		b.t.Fatalf("not redirected to the login: %s", loc)
+	}
+	b.do("sign in",
+		chromedp.SendKeys(chromedp.ID("user"), "alice"),
+		chromedp.SendKeys(chromedp.ID("password"), testUsers["alice"]),
+		chromedp.Click(chromedp.CSS(`.login button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`table.items`)))
+}
+
 // TestReviewInBrowser drives the review page in a real headless Chromium: sign in, see the
 // items in the queue, open one, label it with its key, and find the label on SYS1_LABELS; a
 // hostile item's script does not run and shows as text; a POST without the CSRF token is
@@ -102,53 +167,11 @@ func TestReviewInBrowser(t *testing.T) {
 	h.waitIndexed(ticket.ID)
 	h.waitIndexed(hostile.ID)
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
-		chromedp.WindowSize(1440, 960))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelTab := chromedp.NewContext(actx)
-	defer cancelTab()
-	ctx, cancelTime := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancelTime()
-	var logs browserLog
-	go logs.collect(chromedp.Console(ctx))
-
-	do := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		if err := chromedp.Do(ctx, actions...); err != nil {
-			t.Fatalf("%s: %v (browser problems so far: %v)", what, err, logs.snapshot())
-		}
-	}
-	text := func(sel string) string {
-		t.Helper()
-		v, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
-		if err != nil {
-			t.Fatalf("text of %s: %v", sel, err)
-		}
-		return v
-	}
-	location := func() string {
-		t.Helper()
-		v, err := chromedp.Run(ctx, chromedp.Location())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
+	b := startBrowser(t, chromium)
+	ctx, logs, do, text, location := b.ctx, &b.logs, b.do, b.text, b.location
 
 	// Sign in: the queue redirects to the login form first.
-	do("open the queue", chromedp.Navigate(h.web.URL+"/"), chromedp.WaitVisible(chromedp.ID("user")))
-	if loc := location(); !strings.Contains(loc, "/login?next=") {
-		t.Fatalf("not redirected to the login: %s", loc)
-	}
-	do("sign in",
-		chromedp.SendKeys(chromedp.ID("user"), "alice"),
-		chromedp.SendKeys(chromedp.ID("password"), testUsers["alice"]),
-		chromedp.Click(chromedp.CSS(`.login button[type=submit]`)),
-		chromedp.WaitVisible(chromedp.CSS(`table.items`)))
+	b.signIn(h.web.URL + "/")
 
 	if queue := text(`table.items`); !strings.Contains(queue, "label") || !strings.Contains(queue, `q<img src=x onerror="window.__pwned=2">`) {
 		t.Fatalf("the queue lacks the items:\n%s", queue)

@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // maxFormBytes bounds a POST body: forms carry a token and a label, nothing large.
@@ -435,7 +434,7 @@ func (s *Server) loadItem(w http.ResponseWriter, r *http.Request, sess *session,
 		s.message(w, r, sess, http.StatusNotFound, "No such item", "This item is not in the review queue (it may have aged out of the stream).")
 		return nil, itemMeta{}, false
 	}
-	it, err := s.fetch(r.Context(), seq, id)
+	it, fetched, err := s.fetch(r.Context(), seq, id)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			s.idx.forget(id)
@@ -451,13 +450,10 @@ func (s *Server) loadItem(w http.ResponseWriter, r *http.Request, sess *session,
 		return nil, itemMeta{}, false
 	}
 	if !known {
-		m, _ := metaOf(it, topReviewSubject(it.Caller), seq)
-		meta = *m
+		meta = *fetched
 	}
 	return it, meta, true
 }
-
-func topReviewSubject(caller string) string { return topology.ReviewPrefix + caller }
 
 func (s *Server) itemData(sess *session, it *contract.ReviewItem, meta itemMeta, q query) itemData {
 	d := itemData{Meta: meta, Item: it, Query: q, Verdict: it.Verdict,
@@ -553,7 +549,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request, sess *session) {
 		s.render(w, http.StatusBadRequest, "item", page{Title: it.Question + " · review", User: sess.User, CSRF: sess.CSRF, Counts: s.idx.counts(sess.User), Data: d})
 		return
 	}
-	lbl, err := s.lab.submit(r.Context(), it, sess.User, value)
+	lbl, err := s.lab.submit(r.Context(), it, meta.Token, sess.User, value)
 	extra := url.Values{"after": {id}, "labelled": {id}}
 	var already *errAlreadyLabelled
 	switch {

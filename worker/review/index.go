@@ -35,13 +35,16 @@ import (
 // maxMetaField, so the index's size depends on the number of items, not on their content.
 type itemMeta struct {
 	ID, RunID, Caller, Model, Question string
-	Type                               contract.QuestionType
-	Confidence                         float64
-	HasConfidence                      bool
-	Audit                              bool
-	Reason                             string
-	CreatedAt                          time.Time
-	Seq                                uint64
+	// Token is the token of the item's subject, sys1.review.<token>: its label goes to
+	// sys1.labels.<token>.accepted (topology.ReviewLabelSubject).
+	Token         string
+	Type          contract.QuestionType
+	Confidence    float64
+	HasConfidence bool
+	Audit         bool
+	Reason        string
+	CreatedAt     time.Time
+	Seq           uint64
 }
 
 // labelMeta is one entry of the review bucket: who labelled an item, when, and whether the
@@ -257,17 +260,17 @@ func (x *index) publishing() map[string]labelMeta {
 
 // metaOf checks a decoded item against the subject it came on and keeps its metadata.
 func metaOf(it *contract.ReviewItem, subject string, seq uint64) (*itemMeta, error) {
-	caller, ok := strings.CutPrefix(subject, topology.ReviewPrefix)
-	if !ok || caller == "" || strings.Contains(caller, ".") {
-		return nil, fmt.Errorf("subject %q is not %s<caller>", subject, topology.ReviewPrefix)
+	token, err := topology.ReviewToken(subject)
+	if err != nil {
+		return nil, err
 	}
-	if it.Caller != caller {
-		return nil, fmt.Errorf("item claims caller %q but was published on %s", it.Caller, subject)
+	if err := checkItemSubject(it, subject); err != nil {
+		return nil, err
 	}
 	if want := contract.ReviewItemID(it.RunID, it.Question); it.ID != want {
 		return nil, fmt.Errorf("item id %q is not the id of its run and question (%s)", it.ID, want)
 	}
-	for _, f := range []struct{ name, v string }{{"run_id", it.RunID}, {"question", it.Question}, {"model", it.Model}, {"caller", it.Caller}} {
+	for _, f := range []struct{ name, v string }{{"run_id", it.RunID}, {"question", it.Question}, {"model", it.Model}, {"caller", it.Caller}, {"subject", it.Subject}} {
 		if len(f.v) > maxMetaField {
 			return nil, fmt.Errorf("%s is %d bytes long (at most %d)", f.name, len(f.v), maxMetaField)
 		}
@@ -278,13 +281,36 @@ func metaOf(it *contract.ReviewItem, subject string, seq uint64) (*itemMeta, err
 	if err := checkShape(it); err != nil {
 		return nil, err
 	}
-	m := &itemMeta{ID: it.ID, RunID: it.RunID, Caller: it.Caller, Model: it.Model, Question: it.Question,
+	m := &itemMeta{ID: it.ID, RunID: it.RunID, Caller: it.Caller, Token: token, Model: it.Model, Question: it.Question,
 		Type: it.Type, Audit: it.Audit || it.Verdict.Audit, Reason: clip(it.Verdict.Reason, maxMetaField),
 		CreatedAt: it.CreatedAt, Seq: seq}
 	if it.Confidence != nil {
 		m.Confidence, m.HasConfidence = *it.Confidence, true
 	}
 	return m, nil
+}
+
+// checkItemSubject applies the rule the worker publishes items by, topology.ReviewSubject: an
+// item of a request published on sys1.decide.<token>… (or sys1.batch.<token>.…) belongs on
+// sys1.review.<token>, whoever its verified caller is (in mode jwt a token's sub, which need
+// not be a subject token). Items written before they named their request's subject belong on
+// sys1.review.<caller>, their caller being that token then, except mode none's: those all said
+// caller "anonymous", whatever their subject.
+func checkItemSubject(it *contract.ReviewItem, subject string) error {
+	if it.Subject == "" {
+		if subject == topology.ReviewPrefix+it.Caller || it.Caller == contract.LegacyAnonymousCaller {
+			return nil
+		}
+		return fmt.Errorf("item claims caller %q but was published on %s", it.Caller, subject)
+	}
+	want, err := topology.ReviewSubject(it.Subject)
+	if err != nil {
+		return fmt.Errorf("item names request subject %q: %w", clip(it.Subject, 64), err)
+	}
+	if want != subject {
+		return fmt.Errorf("item of a request on %q belongs on %s, not %s", clip(it.Subject, 64), want, subject)
+	}
+	return nil
 }
 
 // checkShape refuses an item a reviewer could not label: a choice without options, a score
@@ -567,8 +593,20 @@ func (x *index) pruneAged(ctx context.Context, js jetstream.JetStream, stream st
 type claim struct {
 	Status string         `json:"status"` // claimPublishing or claimPublished
 	Label  contract.Label `json:"label"`
+	// Subject is where the label goes (topology.ReviewLabelSubject of the item's subject);
+	// empty in entries written before it was kept (see labelSubject).
+	Subject string `json:"subject,omitempty"`
 	// PublishedAt is when the label's publish was acknowledged.
 	PublishedAt *time.Time `json:"published_at,omitempty"`
+}
+
+// labelSubject is where the claimed label is published: its stored subject, or, in an entry
+// written before subjects were kept, sys1.labels.<caller>.accepted, as then.
+func (c claim) labelSubject() string {
+	if c.Subject != "" {
+		return c.Subject
+	}
+	return topology.LabelsPrefix + c.Label.Caller + "." + topology.LabelAcceptedToken
 }
 
 const (

@@ -21,7 +21,8 @@ import (
 //  1. Create the item's entry in the review bucket, marked "publishing". Create succeeds for
 //     exactly one writer, so this is where the first label wins; a second reviewer's Create
 //     fails and they are told who labelled the item first.
-//  2. Publish the label to sys1.labels.<caller>.accepted with Nats-Msg-Id "review:<item>",
+//  2. Publish the label to sys1.labels.<token>.accepted (the token of the item's subject,
+//     sys1.review.<token>: topology.ReviewLabelSubject) with Nats-Msg-Id "review:<item>",
 //     awaiting JetStream's ack, then update the entry to "published".
 //
 // If the process dies between 1 and 2 (or the publish fails), the entry says "publishing"
@@ -89,13 +90,17 @@ func labelValue(it *contract.ReviewItem, value string, none bool) (json.RawMessa
 	return nil, fmt.Errorf("unknown question type %q", it.Type)
 }
 
-// submit records reviewer's label for the item: the first label wins (errAlreadyLabelled
-// otherwise), and a label that won is published or, failing that, left for the recovery
-// (errPublishDelayed).
-func (l *labeller) submit(ctx context.Context, it *contract.ReviewItem, reviewer string, value json.RawMessage) (contract.Label, error) {
+// submit records reviewer's label for the item, read on sys1.review.<token>: the first label
+// wins (errAlreadyLabelled otherwise), and a label that won is published or, failing that,
+// left for the recovery (errPublishDelayed).
+func (l *labeller) submit(ctx context.Context, it *contract.ReviewItem, token, reviewer string, value json.RawMessage) (contract.Label, error) {
 	lbl := contract.Label{RunID: it.RunID, Question: it.Question, Value: value, Reviewer: reviewer,
 		LabelledAt: l.now().UTC(), Source: contract.LabelSourceReview, Caller: it.Caller, Item: it.ID}
-	body, err := json.Marshal(claim{Status: claimPublishing, Label: lbl})
+	subject, err := topology.ReviewLabelSubject(topology.ReviewPrefix + token)
+	if err != nil {
+		return lbl, err
+	}
+	body, err := json.Marshal(claim{Status: claimPublishing, Label: lbl, Subject: subject})
 	if err != nil {
 		return lbl, err
 	}
@@ -112,7 +117,7 @@ func (l *labeller) submit(ctx context.Context, it *contract.ReviewItem, reviewer
 	}
 	// The entry is ours: from here on the label is never lost, only possibly late.
 	l.idx.setLabel(it.ID, labelMeta{Reviewer: reviewer, LabelledAt: lbl.LabelledAt, Value: string(value), Revision: rev, Created: l.now()})
-	if err := l.publish(ctx, it.ID, lbl, rev); err != nil {
+	if err := l.publish(ctx, it.ID, lbl, subject, rev); err != nil {
 		l.log.Warn().Err(err).Str("item", it.ID).Str("run_id", it.RunID).Msg("label saved but not published yet; recovery will publish it")
 		return lbl, errPublishDelayed
 	}
@@ -133,15 +138,15 @@ func (l *labeller) winner(ctx context.Context, id string) (labelMeta, error) {
 		Published: c.Status == claimPublished, Revision: e.Revision(), Created: e.Created()}, nil
 }
 
-// publish puts the label on SYS1_LABELS (awaiting the ack) and marks the entry at revision
-// rev published. A failed update is only logged: the entry stays "publishing" and the
-// recovery's republish is absorbed by the message id.
-func (l *labeller) publish(ctx context.Context, id string, lbl contract.Label, rev uint64) error {
+// publish puts the label on SYS1_LABELS at subject (awaiting the ack) and marks the entry at
+// revision rev published. A failed update is only logged: the entry stays "publishing" and
+// the recovery's republish is absorbed by the message id.
+func (l *labeller) publish(ctx context.Context, id string, lbl contract.Label, subject string, rev uint64) error {
 	body, err := lbl.MarshalJSON()
 	if err != nil {
 		return err
 	}
-	msg := &nats.Msg{Subject: topology.LabelsPrefix + lbl.Caller + "." + topology.LabelAcceptedToken, Data: body, Header: nats.Header{}}
+	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
 	msg.Header.Set(jetstream.MsgIDHeader, msgIDPrefix+id)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -149,7 +154,7 @@ func (l *labeller) publish(ctx context.Context, id string, lbl contract.Label, r
 		return fmt.Errorf("publish to %s: %w", msg.Subject, err)
 	}
 	at := l.now().UTC()
-	done, _ := json.Marshal(claim{Status: claimPublished, Label: lbl, PublishedAt: &at})
+	done, _ := json.Marshal(claim{Status: claimPublished, Label: lbl, Subject: subject, PublishedAt: &at})
 	uctx, cancel2 := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel2()
 	if newRev, err := l.kv.Update(uctx, id, done, rev); err != nil {
@@ -176,7 +181,7 @@ func (l *labeller) recoverOnce(ctx context.Context) int {
 		if err != nil || c.Status != claimPublishing {
 			continue
 		}
-		if err := l.publish(ctx, id, c.Label, e.Revision()); err != nil {
+		if err := l.publish(ctx, id, c.Label, c.labelSubject(), e.Revision()); err != nil {
 			l.log.Warn().Err(err).Str("item", id).Msg("republishing a saved label failed; will retry")
 			continue
 		}

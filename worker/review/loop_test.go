@@ -42,6 +42,13 @@ rules:
 // startWorker runs a worker replica (subject auth, the fake Ollama, policy) on natsURL.
 func startWorker(t *testing.T, natsURL, policyYAML string) {
 	t.Helper()
+	startWorkerAuth(t, natsURL, policyYAML, auth.Config{Mode: auth.ModeSubject})
+}
+
+// startWorkerAuth runs a worker replica (the fake Ollama, policy) in the auth mode of authCfg
+// on natsURL.
+func startWorkerAuth(t *testing.T, natsURL, policyYAML string, authCfg auth.Config) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(path, []byte(policyYAML), 0o600); err != nil {
 		t.Fatal(err)
@@ -55,7 +62,7 @@ func startWorker(t *testing.T, natsURL, policyYAML string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	authn, err := auth.New(context.Background(), auth.Config{Mode: auth.ModeSubject}, zerolog.Nop())
+	authn, err := auth.New(context.Background(), authCfg, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}

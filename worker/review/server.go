@@ -377,28 +377,29 @@ func wellFormedItemID(id string) bool {
 }
 
 // fetch reads the full item at seq and checks that it is the item id.
-func (s *Server) fetch(ctx context.Context, seq uint64, id string) (*contract.ReviewItem, error) {
+func (s *Server) fetch(ctx context.Context, seq uint64, id string) (*contract.ReviewItem, *itemMeta, error) {
 	select {
 	case s.fetchSlots <- struct{}{}:
 		defer func() { <-s.fetchSlots }()
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	msg, err := s.stream.GetMsg(fctx, seq)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	it, err := contract.DecodeReviewItem(msg.Data)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if _, err := metaOf(it, msg.Subject, seq); err != nil {
-		return nil, err
+	m, err := metaOf(it, msg.Subject, seq)
+	if err != nil {
+		return nil, nil, err
 	}
 	if it.ID != id {
-		return nil, fmt.Errorf("stream sequence %d holds item %s, not %s", seq, it.ID, id)
+		return nil, nil, fmt.Errorf("stream sequence %d holds item %s, not %s", seq, it.ID, id)
 	}
-	return it, nil
+	return it, m, nil
 }

@@ -1,4 +1,4 @@
--- sys1 ClickHouse schema version 5, database sys1, cluster analytics, retention 90 days.
+-- sys1 ClickHouse schema version 6, database sys1, cluster analytics, retention 90 days.
 
 -- bootstrap
 
@@ -496,3 +496,17 @@ GLOBAL INNER JOIN
     WHERE run_id GLOBAL IN (SELECT run_id FROM `sys1`.labels)
 ) AS r
 ON r.run_id = l.run_id AND r.question = l.question;
+
+-- 0006_review_items
+
+-- 0006: every review item of a run. review_item is the first item's id; review_items lists
+-- them all, in question order (a run with two abstained questions has two). Rows stored
+-- before this migration, and records written before replies named every item, have
+-- review_items = [review_item] when they went to review (the sink fills it from review_item),
+-- else [].
+ALTER TABLE `sys1`.runs_local ON CLUSTER `analytics`
+    ADD COLUMN IF NOT EXISTS review_items Array(String) AFTER review_item;
+
+-- On a cluster the Distributed table takes the new structure.
+CREATE OR REPLACE TABLE `sys1`.runs ON CLUSTER `analytics` AS `sys1`.runs_local
+ENGINE = Distributed('analytics', 'sys1', 'runs_local', cityHash64(run_id));

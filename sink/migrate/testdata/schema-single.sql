@@ -1,4 +1,4 @@
--- sys1 ClickHouse schema version 5, database sys1, retention 90 days.
+-- sys1 ClickHouse schema version 6, database sys1, retention 90 days.
 
 -- bootstrap
 
@@ -472,3 +472,13 @@ GLOBAL INNER JOIN
     WHERE run_id GLOBAL IN (SELECT run_id FROM `sys1`.labels)
 ) AS r
 ON r.run_id = l.run_id AND r.question = l.question;
+
+-- 0006_review_items
+
+-- 0006: every review item of a run. review_item is the first item's id; review_items lists
+-- them all, in question order (a run with two abstained questions has two). Rows stored
+-- before this migration, and records written before replies named every item, have
+-- review_items = [review_item] when they went to review (the sink fills it from review_item),
+-- else [].
+ALTER TABLE `sys1`.runs
+    ADD COLUMN IF NOT EXISTS review_items Array(String) AFTER review_item;
