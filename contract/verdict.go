@@ -80,8 +80,8 @@ const (
 // ReviewItem is one question sent to human review, published to sys1.review.<caller> on the
 // SYS1_REVIEW stream. It carries everything a reviewer needs to decide without the run record.
 type ReviewItem struct {
-	ID       string       `json:"id"` // ReviewItemID(run id, question)
-	RunID    string       `json:"run_id"`
+	ID    string `json:"id"` // ReviewItemID(run id, question)
+	RunID string `json:"run_id"`
 	// Caller is the run's verified caller (in mode none: the unverified subject token).
 	Caller string `json:"caller"`
 	// Subject is the subject the run's request was published on. Its caller token names the
