@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
 )
 
@@ -120,5 +122,52 @@ func TestBatchShareCapsBatchSlots(t *testing.T) {
 	// 8 message slots × 0.25: at most 2 batch messages in hand, so at most 2 calls at once.
 	if peak := h.fake.MaxConcurrent(); peak > 2 {
 		t.Errorf("%d batch calls ran at once under SYS1_BATCH_MAX_SHARE=0.25 of 8 slots (want at most 2)", peak)
+	}
+}
+
+// TestBatchManifestIsKeptForItsCaller: a batch's manifest (sys1 batch run's count of its
+// input's items and invalid lines) is stored in the gate's bucket for batch status; it is not
+// a run (no record, no reply); another caller cannot overwrite it, and a malformed one is
+// dropped.
+func TestBatchManifestIsKeptForItsCaller(t *testing.T) {
+	h := newHarness(t)
+	h.start(subjectAuth(t))
+	ctx := context.Background()
+	publish := func(subject, body string) {
+		t.Helper()
+		m := nats.NewMsg(subject)
+		m.Data = []byte(body)
+		m.Header.Set(worker.HeaderBatchManifest, "1")
+		if _, err := h.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kv, err := h.js.KeyValue(ctx, h.topo.RunsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := func() (worker.BatchManifest, bool) {
+		e, err := kv.Get(ctx, worker.BatchManifestKey("b-1"))
+		if err != nil {
+			return worker.BatchManifest{}, false
+		}
+		var m worker.BatchManifest
+		return m, json.Unmarshal(e.Value(), &m) == nil
+	}
+	publish("sys1.batch.svc-a.b-1", `{"batch_id":"b-1","items":50,"invalid":3}`)
+	waitFor(t, "the manifest stored", 10*time.Second, func() bool { _, ok := stored(); return ok })
+	if m, _ := stored(); m.Caller != "svc-a" || m.Items != 50 || m.Invalid != 3 {
+		t.Fatalf("stored manifest %+v", m)
+	}
+	publish("sys1.batch.svc-b.b-1", `{"batch_id":"b-1","items":9,"invalid":9}`)              // another caller's
+	publish("sys1.batch.svc-a.b-1", `{"batch_id":"b-1","items":5,"invalid":7}`)              // inconsistent
+	publish("sys1.batch.svc-a.b-1", `{"batch_id":"b-2","items":5,"invalid":1}`)              // another batch's
+	publish("sys1.batch.svc-a.b-1", `{"batch_id":"b-1","items":5,"invalid":1,"extra":true}`) // not a manifest
+	waitFor(t, "every manifest settled", 10*time.Second, func() bool { return h.pending() == 0 && strings.Count(h.logs.String(), "; dropped") >= 4 })
+	if m, _ := stored(); m.Caller != "svc-a" || m.Items != 50 || m.Invalid != 3 {
+		t.Fatalf("the manifest was overwritten: %+v\n%s", m, h.logs.String())
+	}
+	if n := len(h.rawRecords()); n != 0 {
+		t.Errorf("manifests made %d run records", n)
 	}
 }

@@ -90,6 +90,10 @@ type run struct {
 
 // handle processes one delivery. It never panics: a panic becomes SYS1_INTERNAL.
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
+	if isBatchManifest(msg) {
+		w.storeBatchManifest(ctx, msg) // not a run: what a batch's input held (batch_manifest.go)
+		return
+	}
 	r := &run{w: w, msg: msg, start: time.Now(), log: w.log}
 	ctx = r.begin(ctx)
 	defer r.finish()

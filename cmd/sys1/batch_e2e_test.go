@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -181,6 +182,18 @@ func TestBatchEndToEndTwoReplicas(t *testing.T) {
 		if !invalid[e.Line] {
 			t.Errorf("errors file has line %d", e.Line)
 		}
+	}
+
+	// batch status counts the invalid lines too (from the batch's manifest), not only the
+	// items that were sent.
+	id := regexp.MustCompile(`batch (b-[0-9a-f]+):`).FindStringSubmatch(out)
+	if id == nil {
+		t.Fatalf("no batch id in the summary:\n%s", out)
+	}
+	code, text, stderr := sys1Batch(t, "status", id[1])
+	if code != exitOK || !strings.Contains(text, "items      10000 in the input") || !strings.Contains(text, fmt.Sprintf("invalid    %d (", len(invalid))) ||
+		!strings.Contains(text, fmt.Sprintf("finished   %d (succeeded %d,", 10000-len(invalid), 10000-len(invalid))) {
+		t.Errorf("batch status: exit %d\n%s\n%s", code, text, stderr)
 	}
 }
 

@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -277,6 +278,15 @@ func (r *runner) run(ctx context.Context, in Input) error {
 		}
 	}
 
+	// The manifest first: batch status counts the lines that are never sent from it.
+	if err := r.publish(ctx, r.manifest()); err != nil {
+		var fatal *fatalError
+		if errors.As(err, &fatal) {
+			return err
+		}
+		r.cfg.Warn(fmt.Sprintf("could not publish the batch's manifest (%v); 'sys1 batch status' will not count its invalid lines", err))
+	}
+
 	rd, err := in.Open()
 	if err != nil {
 		return err
@@ -395,6 +405,20 @@ func (r *runner) admit(rr readResult) error {
 func mustJSON(e *contract.Error) []byte {
 	b, _ := e.MarshalJSON()
 	return b
+}
+
+// manifest is the batch's manifest message (worker.BatchManifest): how many items the input
+// has and how many are invalid. Its message id is derived from its content, so running the
+// batch again stores it once.
+func (r *runner) manifest() *nats.Msg {
+	m := nats.NewMsg(r.subject)
+	m.Data, _ = json.Marshal(worker.BatchManifest{BatchID: r.cfg.BatchID, Items: r.plan.Entries, Invalid: r.plan.Invalid})
+	m.Header.Set(worker.HeaderBatchManifest, "1")
+	m.Header.Set(worker.HeaderMsgID, fmt.Sprintf("manifest:%s:%d:%d", r.cfg.BatchID, r.plan.Entries, r.plan.Invalid))
+	if r.cfg.Token != "" {
+		m.Header.Set(client.HeaderAuthorization, "Bearer "+r.cfg.Token)
+	}
+	return m
 }
 
 // send queues one publish of s for the publishers.

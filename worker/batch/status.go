@@ -123,11 +123,16 @@ type StatusReport struct {
 	// item's message stays until it is acknowledged), and re-sent copies.
 	InStream    uint64     `json:"in_stream"`
 	CancelledAt *time.Time `json:"cancelled_at,omitempty"`
+	// From the batch's manifest (worker.BatchManifest), which sys1 batch run publishes before
+	// anything else: the input's items, and those that failed the contract check and were
+	// never sent. Items is null when no manifest is known (a batch run by an older sys1).
+	Items   *int `json:"items"`
+	Invalid int  `json:"invalid"`
 }
 
 // Known reports whether NATS holds any trace of the batch.
 func (s *StatusReport) Known() bool {
-	return s.Succeeded+s.Failed+s.Cancelled+s.Running > 0 || s.InStream > 0 || s.CancelledAt != nil
+	return s.Succeeded+s.Failed+s.Cancelled+s.Running > 0 || s.InStream > 0 || s.CancelledAt != nil || s.Items != nil
 }
 
 // gateEntry is the part of a run-id gate value (worker/gate.go runState) status reads.
@@ -168,6 +173,14 @@ func Status(ctx context.Context, js jetstream.JetStream, names Names, batchID, c
 			}
 		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return nil, fmt.Errorf("read the cancel marker: %w", err)
+		}
+		if e, err := kv.Get(ctx, worker.BatchManifestKey(batchID)); err == nil {
+			var m worker.BatchManifest
+			if json.Unmarshal(e.Value(), &m) == nil && (caller == "" || m.Caller == caller) {
+				rep.Items, rep.Invalid = &m.Items, m.Invalid
+			}
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("read the batch's manifest: %w", err)
 		}
 		if err := rep.readGate(ctx, kv); err != nil {
 			return nil, err
@@ -372,7 +385,13 @@ func (s *StatusReport) Print(w interface{ Write([]byte) (int, error) }) {
 		fmt.Fprintf(w, ": cancelled at %s", s.CancelledAt.UTC().Format(time.RFC3339))
 	}
 	fmt.Fprintln(w)
+	if s.Items != nil {
+		fmt.Fprintf(w, "  items      %d in the input\n", *s.Items)
+	}
 	fmt.Fprintf(w, "  finished   %d (succeeded %d, failed %d, cancelled %d)\n", s.Succeeded+s.Failed+s.Cancelled, s.Succeeded, s.Failed, s.Cancelled)
+	if s.Items != nil {
+		fmt.Fprintf(w, "  invalid    %d (failed the contract check; never sent)\n", s.Invalid)
+	}
 	if len(s.ErrorCodes) > 0 {
 		codes := make([]string, 0, len(s.ErrorCodes))
 		for c := range s.ErrorCodes {

@@ -202,6 +202,22 @@ type gateValue struct {
 	Subject   string          `json:"record_subject,omitempty"`
 }
 
+// storeManifest keeps a batch manifest as the worker does (worker/batch_manifest.go).
+func (r *Responder) storeManifest(ctx context.Context, m jetstream.Msg) {
+	var man worker.BatchManifest
+	if err := json.Unmarshal(m.Data(), &man); err != nil {
+		_ = m.Term()
+		return
+	}
+	man.Caller, man.UpdatedAt = r.opts.Caller, time.Now().UTC()
+	b, _ := json.Marshal(man)
+	if _, err := r.kv.Put(ctx, worker.BatchManifestKey(man.BatchID), b); err != nil {
+		_ = m.NakWithDelay(20 * time.Millisecond)
+		return
+	}
+	_ = m.Ack()
+}
+
 func (r *Responder) handle(m jetstream.Msg) {
 	ctx := context.Background()
 	meta, err := m.Metadata()
@@ -210,6 +226,11 @@ func (r *Responder) handle(m jetstream.Msg) {
 		return
 	}
 	h := m.Headers()
+	if h.Get(worker.HeaderBatchManifest) != "" {
+		// Not a request: the worker stores the manifest where batch status reads it.
+		r.storeManifest(ctx, m)
+		return
+	}
 	runID := h.Get(worker.HeaderRunID)
 	if !worker.ValidRunID(runID) {
 		runID = "SYS1_REQUESTS~" + strconv.FormatUint(meta.Sequence.Stream, 10) + "~test"

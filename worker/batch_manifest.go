@@ -1,0 +1,147 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+// Batch manifests. `sys1 batch run` checks every line before it sends any; the lines that fail
+// (invalid) are reported and never sent, so neither the run-id gate nor the request stream ever
+// learns of them, and `sys1 batch status`, which counts a batch from those two from any
+// machine, could not count them. So the runner also publishes the batch's manifest — how many
+// items its input has and how many of them are invalid — on the batch's own subject
+// (sys1.batch.<caller>.<batch id>, which the producer may publish to) with header
+// Sys1-Batch-Manifest. A worker checks who sent it like a request and keeps it in the gate's
+// bucket under BatchManifestKey, where status reads it. The first caller to name a batch id
+// owns its manifest (as with run ids); another caller's manifest for it is dropped.
+
+// HeaderBatchManifest marks a batch manifest on sys1.batch.<caller>.<batch id> (its value is
+// the manifest's version, "1").
+const HeaderBatchManifest = "Sys1-Batch-Manifest"
+
+// BatchManifest is what a batch run says about its input.
+type BatchManifest struct {
+	BatchID string `json:"batch_id"`
+	// Caller is the verified caller that sent it (set by the worker).
+	Caller string `json:"caller,omitempty"`
+	// Items is the input's item count (non-blank lines or rows); Invalid the items that
+	// failed the contract check and were never sent.
+	Items   int `json:"items"`
+	Invalid int `json:"invalid"`
+	// UpdatedAt is when the worker stored it.
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// BatchManifestKey is the manifest's key in the run-id gate bucket (gate keys start with "r",
+// so the two never meet).
+func BatchManifestKey(batchID string) string { return "batch-manifest." + batchID }
+
+// maxManifestBytes bounds a manifest body: it holds a few numbers.
+const maxManifestBytes = 4096
+
+// isBatchManifest reports whether msg is a batch manifest rather than a request.
+func isBatchManifest(msg jetstream.Msg) bool {
+	return strings.HasPrefix(msg.Subject(), topology.BatchPrefix) && msg.Headers().Get(HeaderBatchManifest) != ""
+}
+
+// storeBatchManifest keeps one manifest delivery's manifest and settles the delivery. NATS or
+// KV trouble naks it with a growing delay; its last delivery is terminated.
+func (w *Worker) storeBatchManifest(ctx context.Context, msg jetstream.Msg) {
+	log := w.log.With().Str("subject", msg.Subject()).Logger()
+	meta, err := msg.Metadata()
+	if err != nil {
+		_ = msg.Term()
+		return
+	}
+	log = log.With().Uint64("stream_seq", meta.Sequence.Stream).Uint64("delivery", meta.NumDelivered).Logger()
+	m, why := w.checkBatchManifest(ctx, msg)
+	if why != "" {
+		log.Warn().Str("reason", why).Msg("batch manifest refused; dropped")
+		_ = msg.Term()
+		return
+	}
+	kept, err := w.keepBatchManifest(ctx, m)
+	switch {
+	case err != nil && int(meta.NumDelivered) < w.opt.Topology.ConsumerMaxDeliver:
+		delay := w.cfg.retry().Delay(int(meta.NumDelivered), 0)
+		log.Warn().Err(err).Dur("retry_in", delay).Msg("could not store a batch manifest; redelivering")
+		_ = msg.NakWithDelay(delay)
+		return
+	case err != nil:
+		log.Error().Err(err).Msg("could not store a batch manifest on its last delivery; dropped (batch status will not count the batch's invalid lines)")
+		_ = msg.Term()
+		return
+	case !kept:
+		log.Warn().Str("batch_id", m.BatchID).Str("caller", m.Caller).Msg("batch manifest for a batch id another caller owns; dropped")
+	default:
+		log.Debug().Str("batch_id", m.BatchID).Int("items", m.Items).Int("invalid", m.Invalid).Msg("batch manifest stored")
+	}
+	_ = msg.Ack()
+}
+
+// checkBatchManifest authenticates a manifest like a request and decodes it; why says what
+// is wrong with it.
+func (w *Worker) checkBatchManifest(ctx context.Context, msg jetstream.Msg) (BatchManifest, string) {
+	var m BatchManifest
+	id, aerr := w.opt.Auth.Authenticate(ctx, msg.Subject(), msg.Headers())
+	if aerr != nil {
+		return m, aerr.Message
+	}
+	rest := strings.TrimPrefix(msg.Subject(), topology.BatchPrefix)
+	_, batchID, _ := strings.Cut(rest, ".")
+	if batchID == "" || strings.Contains(batchID, ".") {
+		return m, "not on " + topology.BatchPrefix + "<caller>.<batch id>"
+	}
+	if len(msg.Data()) > maxManifestBytes {
+		return m, fmt.Sprintf("%d bytes (at most %d)", len(msg.Data()), maxManifestBytes)
+	}
+	d := json.NewDecoder(bytes.NewReader(msg.Data()))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&m); err != nil {
+		return m, "not a manifest: " + err.Error()
+	}
+	if m.BatchID != batchID || m.Items < 0 || m.Invalid < 0 || m.Invalid > m.Items {
+		return m, fmt.Sprintf("inconsistent: batch %q on the subject of batch %q, %d invalid of %d items", m.BatchID, batchID, m.Invalid, m.Items)
+	}
+	m.Caller, m.UpdatedAt = id.Caller, time.Now().UTC()
+	return m, ""
+}
+
+// keepBatchManifest stores m unless another caller owns the batch's manifest (kept false).
+func (w *Worker) keepBatchManifest(ctx context.Context, m BatchManifest) (kept bool, err error) {
+	key := BatchManifestKey(m.BatchID)
+	val, _ := json.Marshal(m)
+	for range 3 {
+		if _, err := w.gate.kv.Create(ctx, key, val); err == nil {
+			return true, nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return false, fmt.Errorf("batch manifest: create: %w", err)
+		}
+		e, err := w.gate.kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // expired or deleted between the two calls
+		}
+		if err != nil {
+			return false, fmt.Errorf("batch manifest: get: %w", err)
+		}
+		var old BatchManifest
+		if json.Unmarshal(e.Value(), &old) == nil && old.Caller != m.Caller {
+			return false, nil
+		}
+		if _, err := w.gate.kv.Update(ctx, key, val, e.Revision()); err == nil {
+			return true, nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return false, fmt.Errorf("batch manifest: update: %w", err)
+		}
+	}
+	return false, errors.New("batch manifest: the entry keeps changing")
+}
