@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -45,15 +46,24 @@ type Health struct {
 	SchemaVersion int                `json:"schema_version"`
 	Providers     []chain.LinkHealth `json:"providers"`
 	InFlight      InFlight           `json:"in_flight"`
+	Totals        Totals             `json:"totals"`
 	Consumers     []ConsumerState    `json:"consumers"`
 	// Paused is set while the interactive consumer is paused.
 	Paused    *PauseState `json:"paused,omitempty"`
 	CheckedAt time.Time   `json:"checked_at"`
 }
 
-// InFlight counts what a replica holds.
+// InFlight counts what a replica holds now: messages being processed, and of their provider
+// calls those running at this moment (0 whenever the replica is idle, however busy it was).
 type InFlight struct {
 	Messages      int64 `json:"messages"`
+	ProviderCalls int64 `json:"provider_calls"`
+}
+
+// Totals count what a replica did since it started: runs finished (succeeded and failed) and
+// provider calls made (cache hits and replays make none).
+type Totals struct {
+	Runs          int64 `json:"runs"`
 	ProviderCalls int64 `json:"provider_calls"`
 }
 
@@ -160,9 +170,12 @@ type Limits struct {
 	MaxStoredBytes       int   `json:"max_stored_bytes"`
 }
 
-// serviceVersion is the product version as micro needs it (SemVer); a development build is
-// 0.0.0-dev.
-func serviceVersion(v string) string {
+// ProductVersion is the one spelling of a product version sys1 shows everywhere (micro info,
+// health, capabilities, records, sys1 status, sys1 version): SemVer, as the NATS micro service
+// needs it. A leading "v" (a Git tag, v1.2.3) is dropped; anything else that is not SemVer
+// becomes a 0.0.0 pre-release of it (dev → 0.0.0-dev), and an empty one 0.0.0-dev.
+func ProductVersion(v string) string {
+	v = strings.TrimPrefix(v, "v")
 	if semver.MatchString(v) {
 		return v
 	}
@@ -189,7 +202,7 @@ func sanitiseSemverPart(v string) string {
 func (w *Worker) startService() (stop func(), err error) {
 	svc, err := micro.AddService(w.opt.NC, micro.Config{
 		Name:               ServiceName,
-		Version:            serviceVersion(w.opt.Version),
+		Version:            ProductVersion(w.opt.Version),
 		Description:        "sys1 worker replica: System One decisions from JetStream",
 		Metadata:           map[string]string{"replica": w.cfg.ID},
 		QueueGroupDisabled: true,
@@ -282,6 +295,7 @@ func (w *Worker) Health() Health {
 		Status: ch.Status, Replica: w.cfg.ID, Version: w.opt.Version, SchemaVersion: contract.RecordSchemaVersion,
 		Providers: ch.Providers, CheckedAt: time.Now().UTC(),
 		InFlight:  InFlight{Messages: w.stats.inFlight.Load(), ProviderCalls: w.stats.providerNow.Load()},
+		Totals:    Totals{Runs: w.stats.succeeded.Load() + w.stats.failed.Load(), ProviderCalls: w.stats.providerCalls.Load()},
 		Consumers: []ConsumerState{},
 	}
 	if cs := w.fleet.consumers.Load(); cs != nil {

@@ -10,10 +10,14 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+
+	"github.com/sys1hq/sys1/worker"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
+// version is set at build time with -ldflags "-X main.version=…" (deploy/Dockerfile). main
+// reads it through worker.ProductVersion once, so every place shows the same SemVer spelling:
+// a development build is 0.0.0-dev in micro info, health, records and sys1 status alike.
+var version = "0.0.0-dev"
 
 // Exit statuses shared by every subcommand (SPEC §7).
 const (
@@ -40,6 +44,8 @@ func main() {
 	stop()
 	os.Exit(code)
 }
+
+func init() { version = worker.ProductVersion(version) }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {

@@ -180,9 +180,13 @@ func callerUses(ctx context.Context, conn *natsconn.Conn, topo topology.Config, 
 	return out, nil
 }
 
+// statusLegend explains the replica table's counts: two say what a replica holds at this
+// moment (so an idle fleet shows 0 however busy it was), two what it did since it started.
+const statusLegend = "(RUNNING: messages in hand now; CALLING: provider calls running now; RUNS, CALLS: runs finished and provider calls made since the replica started)"
+
 func printStatus(out io.Writer, st fleetStatus) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "REPLICA\tSTATUS\tVERSION\tPROVIDERS\tIN FLIGHT\tCALLS")
+	fmt.Fprintln(tw, "REPLICA\tSTATUS\tVERSION\tPROVIDERS\tRUNNING\tCALLING\tRUNS\tCALLS")
 	for _, h := range st.Replicas {
 		provs := make([]string, 0, len(h.Providers))
 		for _, p := range h.Providers {
@@ -195,9 +199,13 @@ func printStatus(out io.Writer, st fleetStatus) {
 			}
 			provs = append(provs, p.Name+" "+state)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", h.Replica, h.Status, h.Version, strings.Join(provs, ", "), h.InFlight.Messages, h.InFlight.ProviderCalls)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", h.Replica, h.Status, h.Version, strings.Join(provs, ", "),
+			h.InFlight.Messages, h.InFlight.ProviderCalls, h.Totals.Runs, h.Totals.ProviderCalls)
 	}
 	_ = tw.Flush()
+	if len(st.Replicas) > 0 {
+		fmt.Fprintln(out, statusLegend)
+	}
 	fmt.Fprintln(out)
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONSUMER\tPENDING\tACK PENDING\tREDELIVERED\tPAUSED")

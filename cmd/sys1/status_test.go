@@ -7,10 +7,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
@@ -221,5 +226,67 @@ func TestEmbeddedWorkerLogLinesHaveEachKeyOnce(t *testing.T) {
 	}
 	if nats == 0 {
 		t.Errorf("no embedded nats-server log line to check among %d lines", len(lines))
+	}
+}
+
+// TestOneVersionAndCountsThatMove: a development build says 0.0.0-dev in sys1 version, micro
+// info, health (and so sys1 status) and its run records alike; sys1 status counts the runs and
+// provider calls a replica made since it started, so an idle fleet that answered something
+// does not show only zeros, and it says what its columns mean.
+func TestOneVersionAndCountsThatMove(t *testing.T) {
+	startEmbeddedWorker(t)
+	if code, out, _ := runCmd(t, "version"); code != exitOK || out != "sys1 0.0.0-dev\n" {
+		t.Fatalf("sys1 version: %d %q", code, out)
+	}
+	ticket := filepath.Join("..", "..", "contract", "examples", "ticket.json")
+	if code, out, errOut := decide(t, "--run-id", "version-1", "--timeout", "20s", ticket); code != exitOK {
+		t.Fatalf("decide: %d %s %s", code, out, errOut)
+	}
+	nc, err := nats.Connect(os.Getenv("SYS1_NATS_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	info, err := nc.Request("$SRV.INFO.sys1", nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var micro struct{ Version string }
+	if err := json.Unmarshal(info.Data, &micro); err != nil || micro.Version != "0.0.0-dev" {
+		t.Errorf("micro info version %q (%v)", micro.Version, err)
+	}
+	js, _ := jetstream.New(nc)
+	s, err := js.Stream(context.Background(), "SYS1_RUNS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(context.Background(), "sys1.runs.success")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct{ Version string }
+	if err := json.Unmarshal(m.Data, &rec); err != nil || rec.Version != "0.0.0-dev" {
+		t.Errorf("record version %q (%v)", rec.Version, err)
+	}
+	var st fleetStatus
+	natstest.WaitFor(t, 10*time.Second, "the run counted in sys1 status", func() bool {
+		code, out, _ := runCmd(t, "status", "--json")
+		return code == exitOK && json.Unmarshal([]byte(out), &st) == nil && len(st.Replicas) == 1 && st.Replicas[0].Totals.Runs == 1
+	})
+	if h := st.Replicas[0]; h.Version != "0.0.0-dev" || h.Totals.ProviderCalls != 1 || h.InFlight.Messages != 0 {
+		t.Errorf("health: version %q, totals %+v, in flight %+v", h.Version, h.Totals, h.InFlight)
+	}
+	_, out, _ := runCmd(t, "status")
+	row := regexp.MustCompile(`(?m)^cli-replica +ok +0\.0\.0-dev +simulator up +0 +0 +1 +1$`)
+	if !strings.Contains(out, "RUNNING  CALLING  RUNS  CALLS") || !row.MatchString(out) || !strings.Contains(out, "since the replica started") {
+		t.Errorf("sys1 status:\n%s", out)
+	}
+}
+
+func TestProductVersion(t *testing.T) {
+	for in, want := range map[string]string{"": "0.0.0-dev", "dev": "0.0.0-dev", "0.0.0-dev": "0.0.0-dev", "v1.2.3": "1.2.3", "1.4.0-rc.1": "1.4.0-rc.1", "main@abc123": "0.0.0-main-abc123"} {
+		if got := worker.ProductVersion(in); got != want {
+			t.Errorf("ProductVersion(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
