@@ -18,14 +18,15 @@ import (
 // (invalid) are reported and never sent, so neither the run-id gate nor the request stream ever
 // learns of them, and `sys1 batch status`, which counts a batch from those two from any
 // machine, could not count them. So the runner also publishes the batch's manifest — how many
-// items its input has and how many of them are invalid — on the batch's own subject
-// (sys1.batch.<caller>.<batch id>, which the producer may publish to) with header
+// items its input has and how many of them are invalid — before its items, on the producer's
+// own sys1.decide.<caller> (which the producer may publish to, and which the interactive lane
+// serves first, so it is kept at once even while batch work queues or is paused) with header
 // Sys1-Batch-Manifest. A worker checks who sent it like a request and keeps it in the gate's
 // bucket under BatchManifestKey, where status reads it. The first caller to name a batch id
 // owns its manifest (as with run ids); another caller's manifest for it is dropped.
 
-// HeaderBatchManifest marks a batch manifest on sys1.batch.<caller>.<batch id> (its value is
-// the manifest's version, "1").
+// HeaderBatchManifest marks a batch manifest on sys1.decide.<caller> (its value is the
+// manifest's version, "1").
 const HeaderBatchManifest = "Sys1-Batch-Manifest"
 
 // BatchManifest is what a batch run says about its input.
@@ -50,7 +51,7 @@ const maxManifestBytes = 4096
 
 // isBatchManifest reports whether msg is a batch manifest rather than a request.
 func isBatchManifest(msg jetstream.Msg) bool {
-	return strings.HasPrefix(msg.Subject(), topology.BatchPrefix) && msg.Headers().Get(HeaderBatchManifest) != ""
+	return strings.HasPrefix(msg.Subject(), topology.DecidePrefix) && msg.Headers().Get(HeaderBatchManifest) != ""
 }
 
 // storeBatchManifest keeps one manifest delivery's manifest and settles the delivery. NATS or
@@ -96,11 +97,6 @@ func (w *Worker) checkBatchManifest(ctx context.Context, msg jetstream.Msg) (Bat
 	if aerr != nil {
 		return m, aerr.Message
 	}
-	rest := strings.TrimPrefix(msg.Subject(), topology.BatchPrefix)
-	_, batchID, _ := strings.Cut(rest, ".")
-	if batchID == "" || strings.Contains(batchID, ".") {
-		return m, "not on " + topology.BatchPrefix + "<caller>.<batch id>"
-	}
 	if len(msg.Data()) > maxManifestBytes {
 		return m, fmt.Sprintf("%d bytes (at most %d)", len(msg.Data()), maxManifestBytes)
 	}
@@ -109,8 +105,11 @@ func (w *Worker) checkBatchManifest(ctx context.Context, msg jetstream.Msg) (Bat
 	if err := d.Decode(&m); err != nil {
 		return m, "not a manifest: " + err.Error()
 	}
-	if m.BatchID != batchID || m.Items < 0 || m.Invalid < 0 || m.Invalid > m.Items {
-		return m, fmt.Sprintf("inconsistent: batch %q on the subject of batch %q, %d invalid of %d items", m.BatchID, batchID, m.Invalid, m.Items)
+	if !validBatchID(m.BatchID) {
+		return m, fmt.Sprintf("batch_id %q is not a batch id (1–64 of A-Za-z0-9_-)", echo(m.BatchID))
+	}
+	if m.Items < 0 || m.Invalid < 0 || m.Invalid > m.Items {
+		return m, fmt.Sprintf("inconsistent: %d invalid of %d items", m.Invalid, m.Items)
 	}
 	m.Caller, m.UpdatedAt = id.Caller, time.Now().UTC()
 	return m, ""
@@ -144,4 +143,19 @@ func (w *Worker) keepBatchManifest(ctx context.Context, m BatchManifest) (kept b
 		}
 	}
 	return false, errors.New("batch manifest: the entry keeps changing")
+}
+
+// validBatchID is worker/batch's ValidBatchID, which this package cannot import: 1–64 of
+// A-Za-z0-9_- (a subject token, and the group of its items' run ids).
+func validBatchID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }

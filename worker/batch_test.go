@@ -154,16 +154,18 @@ func TestBatchManifestIsKeptForItsCaller(t *testing.T) {
 		var m worker.BatchManifest
 		return m, json.Unmarshal(e.Value(), &m) == nil
 	}
-	publish("sys1.batch.svc-a.b-1", `{"batch_id":"b-1","items":50,"invalid":3}`)
+	publish("sys1.decide.svc-a", `{"batch_id":"b-1","items":50,"invalid":3}`)
 	waitFor(t, "the manifest stored", 10*time.Second, func() bool { _, ok := stored(); return ok })
 	if m, _ := stored(); m.Caller != "svc-a" || m.Items != 50 || m.Invalid != 3 {
 		t.Fatalf("stored manifest %+v", m)
 	}
-	publish("sys1.batch.svc-b.b-1", `{"batch_id":"b-1","items":9,"invalid":9}`)              // another caller's
-	publish("sys1.batch.svc-a.b-1", `{"batch_id":"b-1","items":5,"invalid":7}`)              // inconsistent
-	publish("sys1.batch.svc-a.b-1", `{"batch_id":"b-2","items":5,"invalid":1}`)              // another batch's
-	publish("sys1.batch.svc-a.b-1", `{"batch_id":"b-1","items":5,"invalid":1,"extra":true}`) // not a manifest
-	waitFor(t, "every manifest settled", 10*time.Second, func() bool { return h.pending() == 0 && strings.Count(h.logs.String(), "; dropped") >= 4 })
+	publish("sys1.decide.svc-b", `{"batch_id":"b-1","items":9,"invalid":9}`)              // another caller's
+	publish("sys1.decide.svc-a", `{"batch_id":"b-1","items":5,"invalid":7}`)              // inconsistent
+	publish("sys1.decide.svc-a", `{"batch_id":"b.1","items":5,"invalid":1}`)              // not a batch id
+	publish("sys1.decide.svc-a", `{"batch_id":"b-1","items":5,"invalid":1,"extra":true}`) // not a manifest
+	waitFor(t, "every manifest settled", 10*time.Second, func() bool {
+		return h.pending() == 0 && strings.Count(h.logs.String(), "; dropped") >= 4
+	})
 	if m, _ := stored(); m.Caller != "svc-a" || m.Items != 50 || m.Invalid != 3 {
 		t.Fatalf("the manifest was overwritten: %+v\n%s", m, h.logs.String())
 	}

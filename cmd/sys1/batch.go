@@ -204,7 +204,7 @@ func batchRun(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// pass; dialClientInbox reads them again to connect.
 	topo := topology.Default()
 	ncfg := natsconn.DefaultConfig()
-	ncfg.URL = defaultClientURL
+	ncfg.URL = defaultClientURL()
 	if err := loadConfig(&topo, &ncfg); err != nil {
 		problems = append(problems, err.Error())
 	}

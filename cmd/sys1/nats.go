@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -13,8 +16,20 @@ import (
 )
 
 // defaultClientURL is where client commands look when SYS1_NATS_URL is unset: the embedded
-// server a `sys1 worker` starts on a developer's machine.
-const defaultClientURL = "nats://127.0.0.1:4222"
+// server a `sys1 worker` starts on a developer's machine, at its SYS1_NATS_LISTEN address
+// (127.0.0.1:4222 by default; a wildcard host is reached on 127.0.0.1). So one environment
+// serves the worker and the commands that talk to it.
+func defaultClientURL() string {
+	listen := strings.TrimSpace(os.Getenv("SYS1_NATS_LISTEN"))
+	host, port, err := net.SplitHostPort(listen)
+	if listen == "" || err != nil || port == "" || port == "0" || port == "-1" {
+		return "nats://127.0.0.1:4222"
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return "nats://" + net.JoinHostPort(host, port)
+}
 
 // dialClient connects a client command (decide, bench, sink) with the worker's connection
 // settings (SYS1_NATS_*). Unlike the worker it never starts an embedded server, and it gives
@@ -29,12 +44,12 @@ func dialClientInbox(ctx context.Context, name string, logTo io.Writer, defaultI
 	cfg := natsconn.DefaultConfig()
 	// Set before validation: a client's settings are those of a remote server (creds, nkey,
 	// TLS are fine; the embedded server's SYS1_NATS_LISTEN and SYS1_DATA_DIR do not apply).
-	cfg.URL = defaultClientURL
+	cfg.URL = defaultClientURL()
 	if err := loadConfig(&cfg); err != nil {
 		return nil, err
 	}
 	if cfg.URL == "" {
-		cfg.URL = defaultClientURL
+		cfg.URL = defaultClientURL()
 	}
 	if cfg.InboxPrefix == "" {
 		cfg.InboxPrefix = defaultInbox

@@ -108,7 +108,7 @@ func runReview(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		topo    topology.Config
 		cfg     ReviewConfig
 	)
-	natsCfg.URL = defaultClientURL // a client of the workers' NATS, never an embedded server
+	natsCfg.URL = defaultClientURL() // a client of the workers' NATS, never an embedded server
 	listenCheck := check(func() []error {
 		if err := review.CheckListen(*addr, cfg.TLSCert != "" && cfg.TLSKey != ""); err != nil {
 			return []error{fmt.Errorf("--http: %v", err)}

@@ -44,7 +44,7 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 	// default URL is in place before validation, so its settings are checked as a client's
 	// (creds, nkey and TLS apply; the embedded server's SYS1_NATS_LISTEN and SYS1_DATA_DIR
 	// do not).
-	natsCfg.URL = defaultClientURL
+	natsCfg.URL = defaultClientURL()
 	if err := loadConfig(&logCfg, &natsCfg, &topo, &cfg, requireDSN(&cfg), &httpCfg, &trCfg); err != nil {
 		fmt.Fprintln(stderr, "sys1 sink:", err)
 		return exitUsage

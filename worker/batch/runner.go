@@ -278,10 +278,10 @@ func (r *runner) run(ctx context.Context, in Input) error {
 		}
 	}
 
-	// The manifest first: batch status counts the lines that are never sent from it.
+	// The manifest first: batch status counts the lines that are never sent from it. Without
+	// it the batch still runs (a producer that may not publish to sys1.decide.<caller>).
 	if err := r.publish(ctx, r.manifest()); err != nil {
-		var fatal *fatalError
-		if errors.As(err, &fatal) {
+		if ctx.Err() != nil || errors.Is(err, ErrNoStream) || errors.Is(err, nats.ErrConnectionClosed) {
 			return err
 		}
 		r.cfg.Warn(fmt.Sprintf("could not publish the batch's manifest (%v); 'sys1 batch status' will not count its invalid lines", err))
@@ -408,10 +408,11 @@ func mustJSON(e *contract.Error) []byte {
 }
 
 // manifest is the batch's manifest message (worker.BatchManifest): how many items the input
-// has and how many are invalid. Its message id is derived from its content, so running the
-// batch again stores it once.
+// has and how many are invalid, on the caller's sys1.decide.<caller> (see
+// worker/batch_manifest.go). Its message id is derived from its content, so running the batch
+// again stores it once.
 func (r *runner) manifest() *nats.Msg {
-	m := nats.NewMsg(r.subject)
+	m := nats.NewMsg(topology.DecidePrefix + r.cfg.Caller)
 	m.Data, _ = json.Marshal(worker.BatchManifest{BatchID: r.cfg.BatchID, Items: r.plan.Entries, Invalid: r.plan.Invalid})
 	m.Header.Set(worker.HeaderBatchManifest, "1")
 	m.Header.Set(worker.HeaderMsgID, fmt.Sprintf("manifest:%s:%d:%d", r.cfg.BatchID, r.plan.Entries, r.plan.Invalid))
