@@ -28,11 +28,11 @@ func TestMigrateCommand(t *testing.T) {
 	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK {
 		t.Fatalf("sys1 migrate = %d, stderr: %s", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), "schema version 0 -> 5 (applied 0001_init, 0002_runs_v2, 0003_labels, 0004_views, 0005_audit_share)") {
+	if !strings.Contains(out.String(), "schema version 0 -> 6 (applied 0001_init, 0002_runs_v2, 0003_labels, 0004_views, 0005_audit_share, 0006_review_items)") {
 		t.Errorf("first migrate said: %q", out.String())
 	}
 	out.Reset()
-	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK || !strings.Contains(out.String(), "up to date (version 5)") {
+	if code := run(ctx, []string{"migrate"}, &out, &errOut); code != exitOK || !strings.Contains(out.String(), "up to date (version 6)") {
 		t.Errorf("second migrate = %d: %q", code, out.String())
 	}
 	out.Reset()
@@ -221,8 +221,13 @@ func TestSinkCommand(t *testing.T) {
 	natstest.WaitFor(t, time.Minute, "the label in ClickHouse", func() bool {
 		return db.Count(t, "SELECT count() FROM `"+db.Name+"`.labels FINAL WHERE run_id = 'cmd-0' AND label = 'true'") == 1
 	})
-	// The operational endpoint shows what the sink did (and its lag, for alerting).
-	metrics := httpGet(t, "http://"+httpAddr+"/metrics")
+	// The operational endpoint shows what the sink did (and its lag, for alerting). A row is
+	// visible in ClickHouse a moment before the insert returns and is counted: wait for that.
+	var metrics string
+	natstest.WaitFor(t, 10*time.Second, "the label insert counted", func() bool {
+		metrics = httpGet(t, "http://"+httpAddr+"/metrics")
+		return strings.Contains(metrics, `sys1_sink_inserted_total{lane="labels"} 1`)
+	})
 	if _, err := metricstest.Parse(metrics); err != nil {
 		t.Errorf("/metrics is not valid Prometheus text: %v\n%s", err, metrics)
 	}
