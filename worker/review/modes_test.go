@@ -223,3 +223,39 @@ func labelInBrowser(t *testing.T, h *harness, chromium string, billing, support 
 		t.Errorf("the pages logged problems:\n%s", strings.Join(p, "\n"))
 	}
 }
+
+// TestReviewItemSubjectRule: the page accepts an item only on the subject the worker's rule
+// (topology.ReviewSubject) gives for the request subject it names, whatever its caller; items
+// written before items named their request's subject are accepted on sys1.review.<caller>, and
+// mode none's old items (caller anonymous) on any token.
+func TestReviewItemSubjectRule(t *testing.T) {
+	item := func(caller, subject string) *contract.ReviewItem {
+		it := ticketItem("rule-1")
+		it.Caller, it.Subject = caller, subject
+		return &it
+	}
+	for _, tt := range []struct {
+		name   string
+		it     *contract.ReviewItem
+		on     string
+		token  string
+		accept bool
+	}{
+		{"jwt caller, its subject's token", item("billing-svc@idp.test", "sys1.decide.billing.eu"), "sys1.review.billing", "billing", true},
+		{"batch request", item("analytics", "sys1.batch.analytics.b-1"), "sys1.review.analytics", "analytics", true},
+		{"another producer's token", item("billing", "sys1.decide.billing"), "sys1.review.support", "", false},
+		{"a subject that is no request's", item("billing", "sys1.runs.success"), "sys1.review.billing", "", false},
+		{"legacy: caller is the token", item("billing", ""), "sys1.review.billing", "billing", true},
+		{"legacy: another caller", item("billing", ""), "sys1.review.support", "", false},
+		{"legacy mode none", item("anonymous", ""), "sys1.review.cli", "cli", true},
+	} {
+		m, err := metaOf(tt.it, tt.on, 7)
+		if tt.accept != (err == nil) {
+			t.Errorf("%s: accepted %v (%v), want %v", tt.name, err == nil, err, tt.accept)
+			continue
+		}
+		if err == nil && (m.Token != tt.token || m.Caller != tt.it.Caller) {
+			t.Errorf("%s: token %q caller %q, want %q and %q", tt.name, m.Token, m.Caller, tt.token, tt.it.Caller)
+		}
+	}
+}

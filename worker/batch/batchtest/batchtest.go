@@ -40,8 +40,8 @@ type Options struct {
 	Delay func(runID string) time.Duration
 	// Fail, when set, fails a valid request with the error it returns (nil: answer it).
 	Fail func(req *contract.Request) *contract.Error
-	// Caller is the gate's owner of every run (the worker's verified caller; "anonymous" in
-	// auth mode none).
+	// Caller is the gate's owner of every run (the worker's verified caller); empty: the
+	// caller token of the request's subject, as auth modes none and subject have it.
 	Caller string
 }
 
@@ -72,9 +72,6 @@ func Start(t testing.TB, nc *nats.Conn, js jetstream.JetStream, opts Options) *R
 	t.Helper()
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = 8
-	}
-	if opts.Caller == "" {
-		opts.Caller = contract.CallerKindAnonymous
 	}
 	ctx := context.Background()
 	topo := topology.Default()
@@ -202,22 +199,6 @@ type gateValue struct {
 	Subject   string          `json:"record_subject,omitempty"`
 }
 
-// storeManifest keeps a batch manifest as the worker does (worker/batch_manifest.go).
-func (r *Responder) storeManifest(ctx context.Context, m jetstream.Msg) {
-	var man worker.BatchManifest
-	if err := json.Unmarshal(m.Data(), &man); err != nil {
-		_ = m.Term()
-		return
-	}
-	man.Caller, man.UpdatedAt = r.opts.Caller, time.Now().UTC()
-	b, _ := json.Marshal(man)
-	if _, err := r.kv.Put(ctx, worker.BatchManifestKey(man.BatchID), b); err != nil {
-		_ = m.NakWithDelay(20 * time.Millisecond)
-		return
-	}
-	_ = m.Ack()
-}
-
 func (r *Responder) handle(m jetstream.Msg) {
 	ctx := context.Background()
 	meta, err := m.Metadata()
@@ -226,11 +207,6 @@ func (r *Responder) handle(m jetstream.Msg) {
 		return
 	}
 	h := m.Headers()
-	if h.Get(worker.HeaderBatchManifest) != "" {
-		// Not a request: the worker stores the manifest where batch status reads it.
-		r.storeManifest(ctx, m)
-		return
-	}
 	runID := h.Get(worker.HeaderRunID)
 	if !worker.ValidRunID(runID) {
 		runID = "SYS1_REQUESTS~" + strconv.FormatUint(meta.Sequence.Stream, 10) + "~test"
@@ -248,7 +224,11 @@ func (r *Responder) handle(m jetstream.Msg) {
 
 	// The gate, as the worker keeps it: claim, or answer a finished run from its outcome.
 	key := worker.GateKey(runID)
-	fresh, _ := json.Marshal(gateValue{Caller: r.opts.Caller, Status: "running", StreamSeq: meta.Sequence.Stream, StartedAt: time.Now().UTC()})
+	caller := r.opts.Caller
+	if caller == "" {
+		caller, _ = topology.CallerToken(m.Subject())
+	}
+	fresh, _ := json.Marshal(gateValue{Caller: caller, Status: "running", StreamSeq: meta.Sequence.Stream, StartedAt: time.Now().UTC()})
 	rev, err := r.kv.Create(ctx, key, fresh)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		e, gerr := r.kv.Get(ctx, key)
@@ -327,7 +307,7 @@ func (r *Responder) handle(m jetstream.Msg) {
 		rep.Status, rep.Result = contract.StatusSuccess, res
 	}
 	body, _ := rep.MarshalJSON()
-	done, _ := json.Marshal(gateValue{Caller: r.opts.Caller, Status: "done", StreamSeq: meta.Sequence.Stream, StartedAt: time.Now().UTC(), ReplyTo: replyTo, Reply: body, Subject: subject})
+	done, _ := json.Marshal(gateValue{Caller: caller, Status: "done", StreamSeq: meta.Sequence.Stream, StartedAt: time.Now().UTC(), ReplyTo: replyTo, Reply: body, Subject: subject})
 	if _, err := r.kv.Update(ctx, key, done, rev); err != nil {
 		_ = m.NakWithDelay(20 * time.Millisecond)
 		return
