@@ -17,8 +17,12 @@ import (
 // text fits in 64 KiB, so two of those plus room for the other fields bound the document; it
 // is flat, so nesting past a few levels is refused before anything is parsed.
 const (
-	MaxLabelBytes  = 2*MaxTextBytes + 16<<10
-	maxLabelDepth  = 4
+	MaxLabelBytes = 2*MaxTextBytes + 16<<10
+	// MaxLabelMessageBytes is the largest message the label streams take (SYS1_LABELS,
+	// SYS1_LABEL_SUBMISSIONS): a label of MaxLabelBytes with its headers, of which a bearer
+	// JWT alone may take 16 KiB. JetStream refuses anything larger at publish.
+	MaxLabelMessageBytes = MaxLabelBytes + 20<<10
+	maxLabelDepth        = 4
 	maxLabelIDLen  = 256 // run_id
 	maxLabelName   = 256 // reviewer, caller
 	maxLabelItemID = 128
@@ -428,11 +432,11 @@ func (r LabelReply) MarshalJSON() ([]byte, error) {
 
 // LabelRejection is a submitted label that failed its check, published on
 // sys1.labels.<caller>.rejected; the sink parks it in the dead-letter table with its reason.
-// The submission itself stays on SYS1_LABELS (at Seq) for the stream's max age.
+// The submission itself leaves SYS1_LABEL_SUBMISSIONS once checked; this is what is kept.
 type LabelRejection struct {
 	// Caller is the verified submitter; empty when the submitter could not be verified.
 	Caller string `json:"caller"`
-	// Subject and Seq locate the submission on SYS1_LABELS.
+	// Subject and Seq are where the submission was (SYS1_LABEL_SUBMISSIONS).
 	Subject string `json:"subject"`
 	Seq     uint64 `json:"seq"`
 	// Submission is the submitted body (white space outside strings removed) when it was

@@ -45,7 +45,7 @@ var errRunFinishing = errors.New("the labelled run is still finishing")
 
 // heldReplies releases held replies as reviewers' labels arrive, until ctx ends.
 func (w *Worker) heldReplies(ctx, runCtx context.Context) {
-	w.consumeLabels(ctx, runCtx, w.opt.Topology.HoldsConsumer, &w.labelLoops.holds, topology.EnsureHoldsConsumer, w.releaseHold)
+	w.consumeLabels(ctx, runCtx, w.opt.Topology.LabelsStream, w.opt.Topology.HoldsConsumer, &w.labelLoops.holds, topology.EnsureHoldsConsumer, w.releaseHold)
 }
 
 // releaseHold settles one accepted label on the holds consumer.

@@ -41,6 +41,11 @@ import (
 // ends accepted or rejected. A sender nobody could verify is never answered (like requests),
 // but its submission is still recorded as rejected.
 //
+// Submissions wait on SYS1_LABEL_SUBMISSIONS, a work queue: once checked a submission is
+// gone, and only its outcome stays, on SYS1_LABELS (a rejection for SYS1_LABELS_REJECTED_MAX_AGE,
+// not the labels' 30 days). A producer with SYS1_LABELS_MAX_PER_CALLER submissions waiting is
+// refused at publish by JetStream.
+//
 // Producer labels are ground truth for analysis only: they never release a held reply (see
 // holds.go); only a person on the review page can.
 
@@ -50,8 +55,8 @@ type labelLoops struct {
 	holds  atomic.Pointer[jetstream.Consumer] // accepted labels (holds.go)
 }
 
-// ensureLabelConsumers creates or updates both consumers of SYS1_LABELS (the stream itself is
-// topology.Ensure's).
+// ensureLabelConsumers creates or updates the consumer of submissions and that of accepted
+// labels (the streams themselves are topology.Ensure's).
 func (w *Worker) ensureLabelConsumers(ctx context.Context) error {
 	labels, err := topology.EnsureLabelsConsumer(ctx, w.opt.JS, w.opt.Topology)
 	if err != nil {
@@ -68,13 +73,48 @@ func (w *Worker) ensureLabelConsumers(ctx context.Context) error {
 
 // labelSubmissions checks submitted labels until ctx ends; runCtx bounds the work on one.
 func (w *Worker) labelSubmissions(ctx, runCtx context.Context) {
-	w.consumeLabels(ctx, runCtx, w.opt.Topology.LabelsConsumer, &w.labelLoops.labels, topology.EnsureLabelsConsumer, w.checkLabel)
+	w.drainLegacyLabels(ctx, runCtx)
+	w.consumeLabels(ctx, runCtx, w.opt.Topology.LabelSubmissionsStream, w.opt.Topology.LabelsConsumer, &w.labelLoops.labels, topology.EnsureLabelsConsumer, w.checkLabel)
 }
 
-// consumeLabels pulls from one consumer of SYS1_LABELS until ctx ends and hands each message
-// to handle. A consumer that vanished (deleted by an operator, or with its stream) is
-// recreated once it has been gone for topology.RecreateSettle.
-func (w *Worker) consumeLabels(ctx, runCtx context.Context, name string, cons *atomic.Pointer[jetstream.Consumer],
+// drainLegacyLabels checks the submissions a version before SYS1_LABEL_SUBMISSIONS left on
+// SYS1_LABELS, through its consumer there, until none is left: an upgrade loses no label.
+// A fleet upgraded long ago has no such consumer, or an empty one, and this returns at once.
+func (w *Worker) drainLegacyLabels(ctx, runCtx context.Context) {
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cons := topology.LegacyLabelsConsumer(lctx, w.opt.JS, w.opt.Topology)
+	cancel()
+	if cons == nil {
+		return
+	}
+	log := w.log.With().Str("consumer", w.opt.Topology.LabelsConsumer).Str("stream", w.opt.Topology.LabelsStream).Logger()
+	log.Info().Msg("checking the label submissions an earlier version left on the labels stream")
+	for ctx.Err() == nil {
+		batch, err := pullWaiting(cons, 4, w.opt.FetchWait)
+		n := 0
+		if err == nil {
+			for m := range batch.Messages() {
+				n++
+				w.checkLabel(runCtx, m)
+			}
+		}
+		if n > 0 {
+			continue
+		}
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := cons.Info(ictx)
+		cancel()
+		if err != nil || info.NumPending == 0 && info.NumAckPending == 0 {
+			log.Info().Msg("the earlier version's label submissions are all checked")
+			return
+		}
+	}
+}
+
+// consumeLabels pulls from one consumer of stream until ctx ends and hands each message to
+// handle. A consumer that vanished (deleted by an operator, or with its stream) is recreated
+// once it has been gone for topology.RecreateSettle.
+func (w *Worker) consumeLabels(ctx, runCtx context.Context, stream, name string, cons *atomic.Pointer[jetstream.Consumer],
 	ensure func(context.Context, jetstream.JetStream, topology.Config) (jetstream.Consumer, error), handle func(context.Context, jetstream.Msg)) {
 	log := w.log.With().Str("consumer", name).Logger()
 	var fails int
@@ -100,7 +140,7 @@ func (w *Worker) consumeLabels(ctx, runCtx context.Context, name string, cons *a
 			continue
 		}
 		fails++
-		if topology.ConsumerGone(ctx, w.opt.JS, w.opt.Topology.LabelsStream, name) {
+		if topology.ConsumerGone(ctx, w.opt.JS, stream, name) {
 			switch {
 			case goneSince.IsZero():
 				goneSince = time.Now()
@@ -128,7 +168,7 @@ func (w *Worker) recreateLabelConsumer(ctx context.Context, cons *atomic.Pointer
 	ensure func(context.Context, jetstream.JetStream, topology.Config) (jetstream.Consumer, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := topology.EnsureLabelsStream(ctx, w.opt.JS, w.opt.Topology, topology.WithLogger(w.log)); err != nil {
+	if err := topology.EnsureLabelSubmissionsStream(ctx, w.opt.JS, w.opt.Topology, topology.WithLogger(w.log)); err != nil {
 		return err
 	}
 	c, err := ensure(ctx, w.opt.JS, w.opt.Topology)
@@ -192,8 +232,8 @@ func (w *Worker) checkLabel(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.NakWithDelay(delay)
 			return
 		}
-		// The submission itself stays on SYS1_LABELS (at labels_seq) for the stream's max age.
-		s.log.Error().Err(err).Msg("could not record a label's outcome on its last delivery; the submission stays on the labels stream unchecked")
+		// Terminated, the submission leaves the work queue: the log line is what remains.
+		s.log.Error().Err(err).Msg("could not record a label's outcome on its last delivery; the submission is dropped unchecked")
 		_ = msg.Term()
 		return
 	}
@@ -333,7 +373,13 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 		if s.verified {
 			caller = s.identity.Caller
 		}
-		body, _ = contract.NewLabelRejection(s.msg.Data(), caller, s.msg.Subject(), s.meta.Sequence.Stream, cerr, time.Now()).MarshalJSON()
+		rej := contract.NewLabelRejection(s.msg.Data(), caller, s.msg.Subject(), s.meta.Sequence.Stream, cerr, time.Now())
+		if body, _ = rej.MarshalJSON(); len(body) > contract.MaxLabelBytes {
+			// The stream takes nothing larger than a label: keep the rejection, without the
+			// submission's copy (its size and SHA-256 still identify it).
+			rej.Submission = nil
+			body, _ = rej.MarshalJSON()
+		}
 		reply.Error = cerr
 	}
 	reply.Status = status
@@ -346,7 +392,13 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 		if s.label != nil {
 			m.Header.Set(HeaderRunID, s.label.RunID)
 		}
-		_, err := w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id))
+		opts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}
+		if out == nil {
+			// Kept for the sink's dead-letter table as long as run records wait for the sink,
+			// not the labels' 30 days.
+			opts = append(opts, jetstream.WithMsgTTL(w.opt.Topology.RejectedLabelsMaxAge))
+		}
+		_, err := w.opt.JS.PublishMsg(ctx, m, opts...)
 		return err
 	})
 	if err != nil {

@@ -10,12 +10,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/contract"
 )
 
 // Subjects of SPEC §2–§4.
@@ -51,7 +54,10 @@ type Config struct {
 	RunsStream     string `env:"SYS1_RUNS_STREAM" envDefault:"SYS1_RUNS"`
 	RepliesStream  string `env:"SYS1_REPLIES_STREAM" envDefault:"SYS1_REPLIES"`
 	ReviewStream   string `env:"SYS1_REVIEW_STREAM" envDefault:"SYS1_REVIEW"`
-	LabelsStream   string `env:"SYS1_LABELS_STREAM" envDefault:"SYS1_LABELS"`
+	// LabelsStream keeps the checked labels (accepted and rejected), for the sink;
+	// LabelSubmissionsStream the labels producers submit until a worker has checked them.
+	LabelsStream           string `env:"SYS1_LABELS_STREAM" envDefault:"SYS1_LABELS"`
+	LabelSubmissionsStream string `env:"SYS1_LABEL_SUBMISSIONS_STREAM" envDefault:"SYS1_LABEL_SUBMISSIONS"`
 	WorkerConsumer string `env:"SYS1_WORKER_CONSUMER" envDefault:"sys1-worker"`
 	BatchConsumer  string `env:"SYS1_BATCH_CONSUMER" envDefault:"sys1-worker-batch"`
 	SinkConsumer   string `env:"SYS1_SINK_CONSUMER" envDefault:"sys1-sink"`
@@ -103,6 +109,35 @@ type Config struct {
 	MaxAckPending int `env:"SYS1_MAX_ACK_PENDING" envDefault:"1024"`
 	// MaxPayload is the largest request accepted by the stream (bytes).
 	MaxMsgSize int32 `env:"SYS1_MAX_MSG_SIZE" envDefault:"8388608"`
+
+	// Byte limits: every stream and bucket is bounded, and the defaults together are the
+	// storage budget README's "Storage budget" explains (about 23 GiB of file storage and
+	// 256 MiB of memory on each NATS server). What happens at a limit is each stream's
+	// discard policy: see the stream configs below.
+	RequestsMaxBytes         Bytes `env:"SYS1_REQUESTS_MAX_BYTES" envDefault:"4GiB"`
+	RunsMaxBytes             Bytes `env:"SYS1_RUNS_MAX_BYTES" envDefault:"8GiB"`
+	RepliesMaxBytes          Bytes `env:"SYS1_REPLIES_MAX_BYTES" envDefault:"1GiB"`
+	ReviewMaxBytes           Bytes `env:"SYS1_REVIEW_MAX_BYTES" envDefault:"4GiB"`
+	LabelsMaxBytes           Bytes `env:"SYS1_LABELS_MAX_BYTES" envDefault:"1GiB"`
+	LabelSubmissionsMaxBytes Bytes `env:"SYS1_LABEL_SUBMISSIONS_MAX_BYTES" envDefault:"1GiB"`
+	DeadLettersMaxBytes      Bytes `env:"SYS1_DEAD_LETTERS_MAX_BYTES" envDefault:"64MiB"`
+	RunsBucketMaxBytes       Bytes `env:"SYS1_RUNS_BUCKET_MAX_BYTES" envDefault:"4GiB"`
+	ReviewBucketMaxBytes     Bytes `env:"SYS1_REVIEW_BUCKET_MAX_BYTES" envDefault:"256MiB"`
+	CalibrationMaxBytes      Bytes `env:"SYS1_CALIBRATION_BUCKET_MAX_BYTES" envDefault:"64MiB"`
+	CacheMaxBytes            Bytes `env:"SYS1_CACHE_BUCKET_MAX_BYTES" envDefault:"256MiB"`
+	LimitsMaxBytes           Bytes `env:"SYS1_LIMITS_BUCKET_MAX_BYTES" envDefault:"256MiB"`
+
+	// Per-caller quotas, so that no caller takes the shared budget. JetStream enforces each
+	// at publish time on the caller's subject (a per-subject limit that refuses new messages):
+	// requests waiting on sys1.decide.<caller> (and on each sys1.batch.<caller>.<batch>),
+	// review items on sys1.review.<caller>, label submissions waiting on sys1.labels.<caller>.
+	// Only that caller's publish is refused; everyone else's goes on.
+	RequestsPerCaller int `env:"SYS1_REQUESTS_MAX_PER_CALLER" envDefault:"10000"`
+	ReviewPerCaller   int `env:"SYS1_REVIEW_MAX_PER_CALLER" envDefault:"5000"`
+	LabelsPerCaller   int `env:"SYS1_LABELS_MAX_PER_CALLER" envDefault:"5000"`
+	// RejectedLabelsMaxAge is how long a rejected label submission is kept on SYS1_LABELS
+	// for the sink's dead-letter table (as long as run records wait for the sink).
+	RejectedLabelsMaxAge time.Duration `env:"SYS1_LABELS_REJECTED_MAX_AGE" envDefault:"168h"`
 }
 
 // Validate reports every bad variable.
@@ -113,6 +148,7 @@ func (c *Config) Validate() []error {
 		{"SYS1_REPLIES_STREAM", c.RepliesStream}, {"SYS1_WORKER_CONSUMER", c.WorkerConsumer},
 		{"SYS1_SINK_CONSUMER", c.SinkConsumer}, {"SYS1_RUNS_BUCKET", c.RunsBucket},
 		{"SYS1_REVIEW_STREAM", c.ReviewStream}, {"SYS1_LABELS_STREAM", c.LabelsStream},
+		{"SYS1_LABEL_SUBMISSIONS_STREAM", c.LabelSubmissionsStream},
 		{"SYS1_BATCH_CONSUMER", c.BatchConsumer}, {"SYS1_LABELS_CONSUMER", c.LabelsConsumer},
 		{"SYS1_SINK_LABELS_CONSUMER", c.SinkLabelsConsumer}, {"SYS1_REVIEW_BUCKET", c.ReviewBucket},
 		{"SYS1_CALIBRATION_BUCKET", c.CalibrationBucket}, {"SYS1_CACHE_BUCKET", c.CacheBucket},
@@ -149,8 +185,75 @@ func (c *Config) Validate() []error {
 	if c.MaxMsgSize < 1024 {
 		errs = append(errs, fmt.Errorf("SYS1_MAX_MSG_SIZE: must be at least 1024 bytes, got %d", c.MaxMsgSize))
 	}
+	for _, b := range c.byteLimits() {
+		if b.v < b.min {
+			errs = append(errs, fmt.Errorf("%s: must be at least %s, got %s", b.name, b.min, b.v))
+		}
+	}
+	for _, q := range []struct {
+		name string
+		v    int
+	}{{"SYS1_REQUESTS_MAX_PER_CALLER", c.RequestsPerCaller}, {"SYS1_REVIEW_MAX_PER_CALLER", c.ReviewPerCaller}, {"SYS1_LABELS_MAX_PER_CALLER", c.LabelsPerCaller}} {
+		if q.v < 1 {
+			errs = append(errs, fmt.Errorf("%s: must be at least 1, got %d", q.name, q.v))
+		}
+	}
+	if c.RejectedLabelsMaxAge <= 0 {
+		errs = append(errs, fmt.Errorf("SYS1_LABELS_REJECTED_MAX_AGE: must be a positive duration, got %s", c.RejectedLabelsMaxAge))
+	} else if c.LabelsMaxAge > 0 && c.RejectedLabelsMaxAge > c.LabelsMaxAge {
+		errs = append(errs, fmt.Errorf("SYS1_LABELS_REJECTED_MAX_AGE: %s exceeds SYS1_LABELS_MAX_AGE %s", c.RejectedLabelsMaxAge, c.LabelsMaxAge))
+	}
 	return errs
 }
+
+// byteLimit is one SYS1_*_MAX_BYTES variable and the least it may be.
+type byteLimit struct {
+	name   string
+	v, min Bytes
+}
+
+// byteLimits lists every byte limit. A stream must hold at least its largest message (its
+// max message size; JetStream refuses a smaller limit); a bucket at least a few entries.
+func (c Config) byteLimits() []byteLimit {
+	msg := Bytes(max(c.MaxMsgSize, 1024))
+	return []byteLimit{
+		{"SYS1_REQUESTS_MAX_BYTES", c.RequestsMaxBytes, msg}, {"SYS1_RUNS_MAX_BYTES", c.RunsMaxBytes, msg},
+		{"SYS1_REPLIES_MAX_BYTES", c.RepliesMaxBytes, msg}, {"SYS1_REVIEW_MAX_BYTES", c.ReviewMaxBytes, msg},
+		{"SYS1_LABELS_MAX_BYTES", c.LabelsMaxBytes, MiB}, {"SYS1_LABEL_SUBMISSIONS_MAX_BYTES", c.LabelSubmissionsMaxBytes, MiB},
+		{"SYS1_DEAD_LETTERS_MAX_BYTES", c.DeadLettersMaxBytes, MiB}, {"SYS1_RUNS_BUCKET_MAX_BYTES", c.RunsBucketMaxBytes, msg},
+		{"SYS1_REVIEW_BUCKET_MAX_BYTES", c.ReviewBucketMaxBytes, MiB}, {"SYS1_CALIBRATION_BUCKET_MAX_BYTES", c.CalibrationMaxBytes, MiB},
+		{"SYS1_CACHE_BUCKET_MAX_BYTES", c.CacheMaxBytes, msg}, {"SYS1_LIMITS_BUCKET_MAX_BYTES", c.LimitsMaxBytes, MiB},
+	}
+}
+
+// StorageBudget is what the byte limits add up to on each NATS server: file storage and
+// memory (the cache bucket). With SYS1_STREAM_REPLICAS=3 each of the three servers holds it.
+func (c Config) StorageBudget() (file, memory Bytes) {
+	for _, b := range c.byteLimits() {
+		if b.name == "SYS1_CACHE_BUCKET_MAX_BYTES" {
+			memory += b.v
+		} else {
+			file += b.v
+		}
+	}
+	return file, memory
+}
+
+// StreamVariables maps each stream's and bucket's name (a bucket's stream is KV_<bucket>) to
+// the variable of its byte limit, for messages that tell an operator what to raise.
+func (c Config) StreamVariables() map[string]string {
+	return map[string]string{
+		c.RequestsStream: "SYS1_REQUESTS_MAX_BYTES", c.RunsStream: "SYS1_RUNS_MAX_BYTES",
+		c.RepliesStream: "SYS1_REPLIES_MAX_BYTES", c.ReviewStream: "SYS1_REVIEW_MAX_BYTES",
+		c.LabelsStream: "SYS1_LABELS_MAX_BYTES", c.LabelSubmissionsStream: "SYS1_LABEL_SUBMISSIONS_MAX_BYTES",
+		c.DeadLetterStream: "SYS1_DEAD_LETTERS_MAX_BYTES", KVStream(c.RunsBucket): "SYS1_RUNS_BUCKET_MAX_BYTES",
+		KVStream(c.ReviewBucket): "SYS1_REVIEW_BUCKET_MAX_BYTES", KVStream(c.CalibrationBucket): "SYS1_CALIBRATION_BUCKET_MAX_BYTES",
+		KVStream(c.CacheBucket): "SYS1_CACHE_BUCKET_MAX_BYTES", KVStream(c.LimitsBucket): "SYS1_LIMITS_BUCKET_MAX_BYTES",
+	}
+}
+
+// KVStream is the name of a KV bucket's stream.
+func KVStream(bucket string) string { return "KV_" + bucket }
 
 func validName(s string) bool {
 	if s == "" || len(s) > 255 {
@@ -177,26 +280,44 @@ func Default() Config {
 		Replicas: 1, RequestsMaxAge: 24 * time.Hour, RunsMaxAge: 7 * 24 * time.Hour,
 		RepliesMaxAge: 24 * time.Hour, ReviewMaxAge: 30 * 24 * time.Hour, LabelsMaxAge: 30 * 24 * time.Hour, RunIDTTL: 7 * 24 * time.Hour, DedupeWindow: 2 * time.Minute,
 		AckWait: 30 * time.Second, MaxAckPending: 1024, MaxMsgSize: 8 << 20,
+		LabelSubmissionsStream: "SYS1_LABEL_SUBMISSIONS",
+		RequestsMaxBytes:       4 * GiB, RunsMaxBytes: 8 * GiB, RepliesMaxBytes: 1 * GiB, ReviewMaxBytes: 4 * GiB,
+		LabelsMaxBytes: 1 * GiB, LabelSubmissionsMaxBytes: 1 * GiB, DeadLettersMaxBytes: 64 * MiB,
+		RunsBucketMaxBytes: 4 * GiB, ReviewBucketMaxBytes: 256 * MiB, CalibrationMaxBytes: 64 * MiB,
+		CacheMaxBytes: 256 * MiB, LimitsMaxBytes: 256 * MiB,
+		RequestsPerCaller: 10000, ReviewPerCaller: 5000, LabelsPerCaller: 5000, RejectedLabelsMaxAge: 7 * 24 * time.Hour,
 	}
 }
 
 // RequestsStreamConfig is SYS1_REQUESTS: a file-backed work queue with publish de-duplication.
+//
+// Intake refuses rather than drops: at SYS1_REQUESTS_MAX_BYTES a new request is refused
+// (the producer's publish fails with JetStream's "maximum bytes exceeded"), and a subject
+// holding SYS1_REQUESTS_MAX_PER_CALLER requests refuses the next one ("maximum messages per
+// subject exceeded"), so one caller's backlog never crowds out another's. Nothing accepted is
+// ever discarded to make room.
 func (c Config) RequestsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
-		Name:        c.RequestsStream,
-		Description: "sys1 decision requests (work queue): interactive and batch",
-		Subjects:    []string{DecideSubjects, BatchSubjects},
-		Retention:   jetstream.WorkQueuePolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    c.Replicas,
-		MaxAge:      c.RequestsMaxAge,
-		Duplicates:  c.DedupeWindow,
-		MaxMsgSize:  c.MaxMsgSize,
-		Discard:     jetstream.DiscardOld,
+		Name:                 c.RequestsStream,
+		Description:          "sys1 decision requests (work queue): interactive and batch",
+		Subjects:             []string{DecideSubjects, BatchSubjects},
+		Retention:            jetstream.WorkQueuePolicy,
+		Storage:              jetstream.FileStorage,
+		Replicas:             c.Replicas,
+		MaxAge:               c.RequestsMaxAge,
+		Duplicates:           c.DedupeWindow,
+		MaxMsgSize:           c.MaxMsgSize,
+		MaxBytes:             int64(c.RequestsMaxBytes),
+		Discard:              jetstream.DiscardNew,
+		MaxMsgsPerSubject:    int64(c.RequestsPerCaller),
+		DiscardNewPerSubject: true,
 	}
 }
 
-// RunsStreamConfig is SYS1_RUNS: the durable outbox of run records.
+// RunsStreamConfig is SYS1_RUNS: the durable outbox of run records. A record is never
+// dropped to make room (the sink may not have copied it): at SYS1_RUNS_MAX_BYTES new records
+// are refused, and workers hold their runs' acks until there is room again (back-pressure;
+// health and sys1_worker_stream_bytes say so).
 func (c Config) RunsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        c.RunsStream,
@@ -208,10 +329,16 @@ func (c Config) RunsStreamConfig() jetstream.StreamConfig {
 		MaxAge:      c.RunsMaxAge,
 		Duplicates:  min(c.DedupeWindow, c.RunsMaxAge), // JetStream refuses a window longer than the max age
 		MaxMsgSize:  c.MaxMsgSize,
+		MaxBytes:    int64(c.RunsMaxBytes),
+		Discard:     jetstream.DiscardNew,
 	}
 }
 
 // RepliesStreamConfig is SYS1_REPLIES: durable replies for producers that may be offline.
+// A durable reply is a copy, not the only one: the run-id gate keeps every finished run's
+// reply for SYS1_RUN_ID_TTL and answers a request sent again with its run id from it. So at
+// SYS1_REPLIES_MAX_BYTES the oldest replies go first, as they would at SYS1_REPLIES_MAX_AGE,
+// and a full replies stream never stops a run from being answered.
 func (c Config) RepliesStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        c.RepliesStream,
@@ -223,43 +350,81 @@ func (c Config) RepliesStreamConfig() jetstream.StreamConfig {
 		MaxAge:      c.RepliesMaxAge,
 		Duplicates:  min(c.DedupeWindow, c.RepliesMaxAge), // JetStream refuses a window longer than the max age
 		MaxMsgSize:  c.MaxMsgSize,
+		MaxBytes:    int64(c.RepliesMaxBytes),
+		Discard:     jetstream.DiscardOld,
 	}
 }
 
-// ReviewStreamConfig is SYS1_REVIEW: questions sent to human review.
+// ReviewStreamConfig is SYS1_REVIEW: questions sent to human review, one message per run
+// (contract.ReviewRun). Full, or at a caller's SYS1_REVIEW_MAX_PER_CALLER, a new item is
+// refused; the run is still answered, its reply saying the review was not queued.
 func (c Config) ReviewStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
-		Name:        c.ReviewStream,
-		Description: "sys1 review items (abstained and audited answers)",
-		Subjects:    []string{ReviewSubjects},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    c.Replicas,
-		MaxAge:      c.ReviewMaxAge,
-		Duplicates:  min(c.DedupeWindow, c.ReviewMaxAge),
-		MaxMsgSize:  c.MaxMsgSize,
+		Name:                 c.ReviewStream,
+		Description:          "sys1 review items (abstained and audited answers)",
+		Subjects:             []string{ReviewSubjects},
+		Retention:            jetstream.LimitsPolicy,
+		Storage:              jetstream.FileStorage,
+		Replicas:             c.Replicas,
+		MaxAge:               c.ReviewMaxAge,
+		Duplicates:           min(c.DedupeWindow, c.ReviewMaxAge),
+		MaxMsgSize:           c.MaxMsgSize,
+		MaxBytes:             int64(c.ReviewMaxBytes),
+		Discard:              jetstream.DiscardNew,
+		MaxMsgsPerSubject:    int64(c.ReviewPerCaller),
+		DiscardNewPerSubject: true,
 	}
 }
 
-// LabelsStreamConfig is SYS1_LABELS: labels as submitted, and as checked by the workers.
+// LabelsStreamConfig is SYS1_LABELS: labels as checked by the workers (accepted, and the
+// rejected submissions with their reasons) and as given on the review page, for the sink.
+// Like run records they are never dropped to make room: full, new ones are refused and wait
+// (back-pressure). A rejection carries a per-message TTL (SYS1_LABELS_REJECTED_MAX_AGE), so
+// rejected submissions are not kept for the labels' 30 days.
 func (c Config) LabelsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        c.LabelsStream,
-		Description: "sys1 labels (submitted, accepted, rejected)",
-		Subjects:    []string{LabelSubjects},
+		Description: "sys1 labels (accepted, rejected)",
+		Subjects:    []string{LabelsAccepted, LabelsRejected},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    c.Replicas,
 		MaxAge:      c.LabelsMaxAge,
 		Duplicates:  min(c.DedupeWindow, c.LabelsMaxAge),
-		MaxMsgSize:  1 << 20,
+		MaxMsgSize:  int32(contract.MaxLabelMessageBytes),
+		MaxBytes:    int64(c.LabelsMaxBytes),
+		Discard:     jetstream.DiscardNew,
+		AllowMsgTTL: true,
+	}
+}
+
+// LabelSubmissionsStreamConfig is SYS1_LABEL_SUBMISSIONS: labels as producers submit them
+// (sys1.labels.<caller>), a work queue the workers check and so empty. A submission larger
+// than a label can be (contract.MaxLabelMessageBytes: a label and its headers) is refused at publish, and so is one from a
+// caller with SYS1_LABELS_MAX_PER_CALLER submissions still waiting.
+func (c Config) LabelSubmissionsStreamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:                 c.LabelSubmissionsStream,
+		Description:          "sys1 labels submitted by producers, until a worker has checked them",
+		Subjects:             []string{LabelsSubmitted},
+		Retention:            jetstream.WorkQueuePolicy,
+		Storage:              jetstream.FileStorage,
+		Replicas:             c.Replicas,
+		MaxAge:               c.LabelsMaxAge,
+		Duplicates:           min(c.DedupeWindow, c.LabelsMaxAge),
+		MaxMsgSize:           int32(contract.MaxLabelMessageBytes),
+		MaxBytes:             int64(c.LabelSubmissionsMaxBytes),
+		Discard:              jetstream.DiscardNew,
+		MaxMsgsPerSubject:    int64(c.LabelsPerCaller),
+		DiscardNewPerSubject: true,
 	}
 }
 
 // DeadLetterStreamConfig is SYS1_DEAD_LETTERS: JetStream's max-deliveries advisories of the
 // request consumers. A request message that ran out of deliveries stays in SYS1_REQUESTS,
 // no longer delivered; its advisory, kept here, is how a worker finds it, answers it with an
-// error, records it and removes it (worker.deadLetters).
+// error, records it and removes it (worker.deadLetters). Advisories are a few hundred bytes
+// and there is one per such request, so the default 64 MiB holds about 200,000.
 func (c Config) DeadLetterStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        c.DeadLetterStream,
@@ -271,6 +436,8 @@ func (c Config) DeadLetterStreamConfig() jetstream.StreamConfig {
 		MaxAge:      c.RequestsMaxAge,
 		Duplicates:  min(c.DedupeWindow, c.RequestsMaxAge),
 		MaxMsgSize:  64 << 10, // an advisory is a few hundred bytes
+		MaxBytes:    int64(c.DeadLettersMaxBytes),
+		Discard:     jetstream.DiscardNew,
 	}
 }
 
@@ -401,6 +568,7 @@ func (c Config) RunsBucketConfig() jetstream.KeyValueConfig {
 		TTL:         c.RunIDTTL,
 		Storage:     jetstream.FileStorage,
 		Replicas:    c.Replicas,
+		MaxBytes:    int64(c.RunsBucketMaxBytes),
 	}
 }
 
@@ -410,6 +578,7 @@ func (c Config) ReviewBucketConfig() jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
 		Bucket: c.ReviewBucket, Description: "sys1 review items labelled (first label wins)",
 		History: 1, TTL: c.ReviewMaxAge, Storage: jetstream.FileStorage, Replicas: c.Replicas,
+		MaxBytes: int64(c.ReviewBucketMaxBytes),
 	}
 }
 
@@ -419,6 +588,7 @@ func (c Config) CalibrationBucketConfig() jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
 		Bucket: c.CalibrationBucket, Description: "sys1 calibration fits (temperature per model, caller, question)",
 		History: 5, Storage: jetstream.FileStorage, Replicas: c.Replicas,
+		MaxBytes: int64(c.CalibrationMaxBytes),
 	}
 }
 
@@ -430,6 +600,7 @@ func (c Config) CacheBucketConfig(maxTTL time.Duration) jetstream.KeyValueConfig
 	return jetstream.KeyValueConfig{
 		Bucket: c.CacheBucket, Description: "sys1 exact result cache",
 		History: 1, TTL: maxTTL, LimitMarkerTTL: time.Minute, Storage: jetstream.MemoryStorage, Replicas: c.Replicas,
+		MaxBytes: int64(c.CacheMaxBytes),
 	}
 }
 
@@ -439,6 +610,7 @@ func (c Config) LimitsBucketConfig() jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
 		Bucket: c.LimitsBucket, Description: "sys1 per-caller budget and rate counters",
 		History: 1, TTL: 48 * time.Hour, LimitMarkerTTL: time.Minute, Storage: jetstream.FileStorage, Replicas: c.Replicas,
+		MaxBytes: int64(c.LimitsMaxBytes),
 	}
 }
 
@@ -479,7 +651,9 @@ func newOptions(opts []Option) options {
 // each component ensures its own (EnsureWorkerConsumer, EnsureSinkConsumer).
 func Ensure(ctx context.Context, js jetstream.JetStream, c Config, opts ...Option) (jetstream.KeyValue, error) {
 	o := newOptions(opts)
-	for _, sc := range []jetstream.StreamConfig{c.RequestsStreamConfig(), c.RunsStreamConfig(), c.RepliesStreamConfig(), c.ReviewStreamConfig(), c.LabelsStreamConfig(), c.DeadLetterStreamConfig()} {
+	// SYS1_LABELS before SYS1_LABEL_SUBMISSIONS: a SYS1_LABELS of an earlier version holds
+	// sys1.labels.> and must give up the submissions' subjects first.
+	for _, sc := range []jetstream.StreamConfig{c.RequestsStreamConfig(), c.RunsStreamConfig(), c.RepliesStreamConfig(), c.ReviewStreamConfig(), c.LabelsStreamConfig(), c.LabelSubmissionsStreamConfig(), c.DeadLetterStreamConfig()} {
 		if err := ensureStream(ctx, js, sc, o); err != nil {
 			return nil, err
 		}
@@ -501,15 +675,25 @@ func EnsureLabelsStream(ctx context.Context, js jetstream.JetStream, c Config, o
 	return ensureStream(ctx, js, c.LabelsStreamConfig(), newOptions(opts))
 }
 
+// EnsureLabelSubmissionsStream creates or updates SYS1_LABELS and SYS1_LABEL_SUBMISSIONS,
+// in that order (see Ensure): what the workers' label check needs.
+func EnsureLabelSubmissionsStream(ctx context.Context, js jetstream.JetStream, c Config, opts ...Option) error {
+	o := newOptions(opts)
+	if err := ensureStream(ctx, js, c.LabelsStreamConfig(), o); err != nil {
+		return err
+	}
+	return ensureStream(ctx, js, c.LabelSubmissionsStreamConfig(), o)
+}
+
 // ensureStream creates the stream, or brings the settings sys1 owns (those its StreamConfig
-// sets) back to sc, leaving every other setting an operator chose (a byte limit, placement,
-// compression, …) as it is. A stream already as configured is left alone.
+// sets) back to sc, leaving every other setting an operator chose (placement, compression,
+// a message count limit, …) as it is. A stream already as configured is left alone.
 func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig, o options) error {
 	existing, err := js.Stream(ctx, sc.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		if _, err := js.CreateStream(ctx, sc); err != nil {
-			return fmt.Errorf("stream %s: cannot create: %w", sc.Name, err)
+			return fmt.Errorf("stream %s: cannot create: %w%s", sc.Name, err, reservationHint(err))
 		}
 		return nil
 	case err != nil:
@@ -526,16 +710,65 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.Stre
 	want := have
 	want.Description, want.Subjects, want.Replicas = sc.Description, sc.Subjects, sc.Replicas
 	want.MaxAge, want.Duplicates, want.MaxMsgSize, want.Discard = sc.MaxAge, sc.Duplicates, sc.MaxMsgSize, sc.Discard
+	want.MaxBytes = sc.MaxBytes
+	if sc.MaxMsgsPerSubject > 0 { // a quota; streams without one leave the setting to the operator
+		want.MaxMsgsPerSubject, want.DiscardNewPerSubject = sc.MaxMsgsPerSubject, sc.DiscardNewPerSubject
+	}
+	want.AllowMsgTTL = want.AllowMsgTTL || sc.AllowMsgTTL // JetStream cannot turn it off again
+	if keep := perSubjectFloor(ctx, existing, have, sc); keep > 0 && keep > want.MaxMsgsPerSubject {
+		o.log.Warn().Str("stream", sc.Name).Int64("limit", sc.MaxMsgsPerSubject).Int64("kept", keep).
+			Msg("a subject holds more messages than its new per-caller quota, and lowering the limit under them would delete the oldest; the limit stays at what it holds until the next start after it has drained")
+		want.MaxMsgsPerSubject = keep
+	}
 	changes := streamChanges(have, want)
 	if len(changes) == 0 {
 		return nil
 	}
 	if _, err := js.UpdateStream(ctx, want); err != nil {
-		return fmt.Errorf("stream %s: cannot update to sys1's configuration (%s): %w", sc.Name, strings.Join(changes, "; "), err)
+		return fmt.Errorf("stream %s: cannot update to sys1's configuration (%s): %w%s", sc.Name, strings.Join(changes, "; "), err, reservationHint(err))
 	}
 	o.log.Warn().Str("stream", sc.Name).Strs("changes", changes).
 		Msg("stream settings differed from sys1's configuration (SYS1_* variables); updated them")
 	return nil
+}
+
+// perSubjectFloor is the lowest per-subject limit the stream can take without losing
+// messages. JetStream enforces a lowered MaxMsgsPerSubject on update by deleting each
+// subject's oldest messages — whatever the discard policy — so a stream that already holds
+// more on one subject (a stream from before the quotas, or a quota just lowered) keeps a
+// limit as high as that subject's count. 0 when lowering is safe.
+func perSubjectFloor(ctx context.Context, s jetstream.Stream, have, sc jetstream.StreamConfig) int64 {
+	if sc.MaxMsgsPerSubject <= 0 || (have.MaxMsgsPerSubject > 0 && have.MaxMsgsPerSubject <= sc.MaxMsgsPerSubject) {
+		return 0
+	}
+	if st := s.CachedInfo().State; st.Msgs <= uint64(sc.MaxMsgsPerSubject) {
+		return 0 // no subject can hold more than the whole stream
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(">"))
+	if err != nil {
+		// Cannot tell: keep what the stream has (unlimited stays unlimited) rather than risk it.
+		if have.MaxMsgsPerSubject > 0 {
+			return have.MaxMsgsPerSubject
+		}
+		return math.MaxInt64
+	}
+	var most uint64
+	for _, n := range info.State.Subjects {
+		most = max(most, n)
+	}
+	if most <= uint64(sc.MaxMsgsPerSubject) {
+		return 0
+	}
+	return int64(most)
+}
+
+// reservationHint explains JetStream's refusal to reserve a byte limit: the server (or the
+// account) has less storage than the SYS1_*_MAX_BYTES limits add up to.
+func reservationHint(err error) string {
+	if Refused(err) == RefusedStorage {
+		return " (the NATS server or account cannot reserve this stream's byte limit: lower its SYS1_*_MAX_BYTES, or give JetStream more storage: max_file_store / max_memory_store; README, Storage budget)"
+	}
+	return ""
 }
 
 // streamChanges lists the settings sys1 owns that differ between have and want.
@@ -562,6 +795,18 @@ func streamChanges(have, want jetstream.StreamConfig) []string {
 	}
 	if have.Discard != want.Discard {
 		add("discard", have.Discard, want.Discard)
+	}
+	if have.MaxBytes != want.MaxBytes {
+		add("max_bytes", have.MaxBytes, want.MaxBytes)
+	}
+	if have.MaxMsgsPerSubject != want.MaxMsgsPerSubject {
+		add("max_msgs_per_subject", have.MaxMsgsPerSubject, want.MaxMsgsPerSubject)
+	}
+	if have.DiscardNewPerSubject != want.DiscardNewPerSubject {
+		add("discard_new_per_subject", have.DiscardNewPerSubject, want.DiscardNewPerSubject)
+	}
+	if have.AllowMsgTTL != want.AllowMsgTTL {
+		add("allow_msg_ttl", have.AllowMsgTTL, want.AllowMsgTTL)
 	}
 	return out
 }
@@ -681,13 +926,28 @@ func EnsureSinkLabelsConsumer(ctx context.Context, js jetstream.JetStream, c Con
 	return cons, nil
 }
 
-// EnsureLabelsConsumer creates or updates the workers' consumer of submitted labels.
+// EnsureLabelsConsumer creates or updates the workers' consumer of submitted labels, on
+// SYS1_LABEL_SUBMISSIONS.
 func EnsureLabelsConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
-	cons, err := js.CreateOrUpdateConsumer(ctx, c.LabelsStream, c.LabelsConsumerConfig())
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.LabelSubmissionsStream, c.LabelsConsumerConfig())
 	if err != nil {
-		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.LabelsConsumer, c.LabelsStream, err)
+		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.LabelsConsumer, c.LabelSubmissionsStream, err)
 	}
 	return cons, nil
+}
+
+// LegacyLabelsConsumer is the workers' consumer of submitted labels as versions before
+// SYS1_LABEL_SUBMISSIONS had it, on SYS1_LABELS, when it still exists and still holds
+// submissions to check (nil otherwise). A worker drains it once, so an upgrade loses none.
+func LegacyLabelsConsumer(ctx context.Context, js jetstream.JetStream, c Config) jetstream.Consumer {
+	cons, err := js.Consumer(ctx, c.LabelsStream, c.LabelsConsumer)
+	if err != nil {
+		return nil
+	}
+	if info := cons.CachedInfo(); info.NumPending == 0 && info.NumAckPending == 0 {
+		return nil
+	}
+	return cons
 }
 
 // EnsureHoldsConsumer creates or updates the workers' consumer of accepted labels, which

@@ -38,11 +38,12 @@ func TestEnsureIsIdempotentAndMatchesSpec(t *testing.T) {
 		retention jetstream.RetentionPolicy
 		maxAge    time.Duration
 	}{
-		"SYS1_REQUESTS": {[]string{"sys1.decide.>", "sys1.batch.>"}, jetstream.WorkQueuePolicy, 24 * time.Hour},
-		"SYS1_RUNS":     {[]string{"sys1.runs.>"}, jetstream.LimitsPolicy, 7 * 24 * time.Hour},
-		"SYS1_REPLIES":  {[]string{"sys1.replies.>"}, jetstream.LimitsPolicy, 24 * time.Hour},
-		"SYS1_REVIEW":   {[]string{"sys1.review.>"}, jetstream.LimitsPolicy, 30 * 24 * time.Hour},
-		"SYS1_LABELS":   {[]string{"sys1.labels.>"}, jetstream.LimitsPolicy, 30 * 24 * time.Hour},
+		"SYS1_REQUESTS":          {[]string{"sys1.decide.>", "sys1.batch.>"}, jetstream.WorkQueuePolicy, 24 * time.Hour},
+		"SYS1_RUNS":              {[]string{"sys1.runs.>"}, jetstream.LimitsPolicy, 7 * 24 * time.Hour},
+		"SYS1_REPLIES":           {[]string{"sys1.replies.>"}, jetstream.LimitsPolicy, 24 * time.Hour},
+		"SYS1_REVIEW":            {[]string{"sys1.review.>"}, jetstream.LimitsPolicy, 30 * 24 * time.Hour},
+		"SYS1_LABELS":            {[]string{"sys1.labels.*.accepted", "sys1.labels.*.rejected"}, jetstream.LimitsPolicy, 30 * 24 * time.Hour},
+		"SYS1_LABEL_SUBMISSIONS": {[]string{"sys1.labels.*"}, jetstream.WorkQueuePolicy, 30 * 24 * time.Hour},
 	}
 	for name, w := range want {
 		s, err := js.Stream(ctx, name)
@@ -159,14 +160,15 @@ func TestShortReplyOrRunRetention(t *testing.T) {
 	}
 }
 
-// An operator's own settings survive a worker's start (here a byte limit on SYS1_RUNS); the
-// settings sys1 owns go back to its configuration, and a log line says which changed.
+// An operator's own settings survive a worker's start (here a message count limit on
+// SYS1_RUNS); the settings sys1 owns go back to its configuration, and a log line says which
+// changed.
 func TestEnsureKeepsOperatorSettingsAndLogsWhatItChanges(t *testing.T) {
 	js := jetStream(t)
 	ctx := context.Background()
 	cfg := topology.Default()
 	sc := cfg.RunsStreamConfig()
-	sc.MaxBytes = 1 << 30
+	sc.MaxMsgs = 1 << 30
 	sc.MaxAge = time.Hour
 	if _, err := js.CreateStream(ctx, sc); err != nil {
 		t.Fatal(err)
@@ -180,8 +182,8 @@ func TestEnsureKeepsOperatorSettingsAndLogsWhatItChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := s.CachedInfo().Config
-	if got.MaxBytes != 1<<30 || got.MaxAge != cfg.RunsMaxAge {
-		t.Fatalf("max_bytes %d (want the operator's %d kept), max_age %s (want sys1's %s)", got.MaxBytes, 1<<30, got.MaxAge, cfg.RunsMaxAge)
+	if got.MaxMsgs != 1<<30 || got.MaxAge != cfg.RunsMaxAge {
+		t.Fatalf("max_msgs %d (want the operator's %d kept), max_age %s (want sys1's %s)", got.MaxMsgs, 1<<30, got.MaxAge, cfg.RunsMaxAge)
 	}
 	if !strings.Contains(logs.String(), `"stream":"SYS1_RUNS"`) || !strings.Contains(logs.String(), "max_age 1h0m0s → 168h0m0s") {
 		t.Errorf("no log line names the change: %s", logs.String())
