@@ -23,9 +23,9 @@ const (
 	// JWT alone may take 16 KiB. JetStream refuses anything larger at publish.
 	MaxLabelMessageBytes = MaxLabelBytes + 20<<10
 	maxLabelDepth        = 4
-	maxLabelIDLen  = 256 // run_id
-	maxLabelName   = 256 // reviewer, caller
-	maxLabelItemID = 128
+	maxLabelIDLen        = 256 // run_id
+	maxLabelName         = 256 // reviewer, caller
+	maxLabelItemID       = 128
 )
 
 // Label statuses: what a label submission's reply says.

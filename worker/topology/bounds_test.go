@@ -39,7 +39,7 @@ func TestEveryStreamAndBucketHasAByteLimit(t *testing.T) {
 		"SYS1_REPLIES": {1 * topology.GiB, jetstream.DiscardOld}, "SYS1_REVIEW": {4 * topology.GiB, jetstream.DiscardNew},
 		"SYS1_LABELS": {1 * topology.GiB, jetstream.DiscardNew}, "SYS1_LABEL_SUBMISSIONS": {1 * topology.GiB, jetstream.DiscardNew},
 		"SYS1_DEAD_LETTERS": {64 * topology.MiB, jetstream.DiscardNew},
-		"KV_sys1-runs": {4 * topology.GiB, jetstream.DiscardNew}, "KV_sys1-review": {256 * topology.MiB, jetstream.DiscardNew},
+		"KV_sys1-runs":      {4 * topology.GiB, jetstream.DiscardNew}, "KV_sys1-review": {256 * topology.MiB, jetstream.DiscardNew},
 		"KV_sys1-calibration": {64 * topology.MiB, jetstream.DiscardNew}, "KV_sys1-cache": {256 * topology.MiB, jetstream.DiscardNew},
 		"KV_sys1-limits": {256 * topology.MiB, jetstream.DiscardNew},
 	}

@@ -58,9 +58,9 @@ type Config struct {
 	// LabelSubmissionsStream the labels producers submit until a worker has checked them.
 	LabelsStream           string `env:"SYS1_LABELS_STREAM" envDefault:"SYS1_LABELS"`
 	LabelSubmissionsStream string `env:"SYS1_LABEL_SUBMISSIONS_STREAM" envDefault:"SYS1_LABEL_SUBMISSIONS"`
-	WorkerConsumer string `env:"SYS1_WORKER_CONSUMER" envDefault:"sys1-worker"`
-	BatchConsumer  string `env:"SYS1_BATCH_CONSUMER" envDefault:"sys1-worker-batch"`
-	SinkConsumer   string `env:"SYS1_SINK_CONSUMER" envDefault:"sys1-sink"`
+	WorkerConsumer         string `env:"SYS1_WORKER_CONSUMER" envDefault:"sys1-worker"`
+	BatchConsumer          string `env:"SYS1_BATCH_CONSUMER" envDefault:"sys1-worker-batch"`
+	SinkConsumer           string `env:"SYS1_SINK_CONSUMER" envDefault:"sys1-sink"`
 	// LabelsConsumer is the workers' consumer of submitted labels (they check each against its
 	// run); SinkLabelsConsumer drains the checked ones into ClickHouse.
 	LabelsConsumer     string `env:"SYS1_LABELS_CONSUMER" envDefault:"sys1-labels"`
