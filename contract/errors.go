@@ -12,15 +12,18 @@ type Code string
 
 // The error codes of SPEC §5 and §8, plus SYS1_NOT_CONFIGURED for a provider that was never configured.
 const (
-	CodeInvalidInput        Code = "SYS1_INVALID_INPUT"
-	CodeModelNotAllowed     Code = "SYS1_MODEL_NOT_ALLOWED"
-	CodeRequestTooLarge     Code = "SYS1_REQUEST_TOO_LARGE"
-	CodeInvalidRequest      Code = "SYS1_INVALID_REQUEST"
-	CodeUnauthenticated     Code = "SYS1_UNAUTHENTICATED"
-	CodeForbidden           Code = "SYS1_FORBIDDEN"
-	CodeRunIDConflict       Code = "SYS1_RUN_ID_CONFLICT"
-	CodeExpired             Code = "SYS1_EXPIRED"
-	CodeBudgetExceeded      Code = "SYS1_BUDGET_EXCEEDED"
+	CodeInvalidInput    Code = "SYS1_INVALID_INPUT"
+	CodeModelNotAllowed Code = "SYS1_MODEL_NOT_ALLOWED"
+	CodeRequestTooLarge Code = "SYS1_REQUEST_TOO_LARGE"
+	CodeInvalidRequest  Code = "SYS1_INVALID_REQUEST"
+	CodeUnauthenticated Code = "SYS1_UNAUTHENTICATED"
+	CodeForbidden       Code = "SYS1_FORBIDDEN"
+	CodeRunIDConflict   Code = "SYS1_RUN_ID_CONFLICT"
+	CodeExpired         Code = "SYS1_EXPIRED"
+	CodeBudgetExceeded  Code = "SYS1_BUDGET_EXCEEDED"
+	// CodeQuotaExceeded: the caller holds more requests waiting than its quota allows
+	// (SYS1_REQUESTS_MAX_PER_CALLER); see README, Quotas.
+	CodeQuotaExceeded       Code = "SYS1_QUOTA_EXCEEDED"
 	CodeModelUnavailable    Code = "SYS1_MODEL_UNAVAILABLE"
 	CodeProviderUnavailable Code = "SYS1_PROVIDER_UNAVAILABLE"
 	CodeProviderBusy        Code = "SYS1_PROVIDER_BUSY"
@@ -47,7 +50,9 @@ var codeTable = map[Code]codeInfo{
 	CodeExpired:         {408, false},
 	// A spent budget is the caller's state, not a fault: redelivery would only spend again
 	// once the window resets, so it is answered at once (the message says when it resets).
-	CodeBudgetExceeded:      {429, false},
+	CodeBudgetExceeded: {429, false},
+	// Over its quota a caller is refused at once: the refusal frees what it holds.
+	CodeQuotaExceeded:       {429, false},
 	CodeModelUnavailable:    {503, true},
 	CodeProviderUnavailable: {503, true},
 	CodeProviderBusy:        {503, true},
@@ -62,7 +67,7 @@ var codeTable = map[Code]codeInfo{
 func Codes() []Code {
 	return []Code{
 		CodeInvalidInput, CodeModelNotAllowed, CodeRequestTooLarge, CodeInvalidRequest,
-		CodeUnauthenticated, CodeForbidden, CodeRunIDConflict, CodeExpired, CodeBudgetExceeded,
+		CodeUnauthenticated, CodeForbidden, CodeRunIDConflict, CodeExpired, CodeBudgetExceeded, CodeQuotaExceeded,
 		CodeModelUnavailable, CodeProviderUnavailable, CodeProviderBusy, CodeTimeout,
 		CodeUpstreamError, CodeInternal, CodeNotConfigured,
 	}

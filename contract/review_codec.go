@@ -44,6 +44,19 @@ func (it *ReviewItem) AppendJSON(b []byte) []byte {
 	b = appendString(b, it.Model)
 	b = append(b, `,"question":`...)
 	b = appendString(b, it.Question)
+	b = it.appendQuestion(b)
+	if len(it.State) > 0 {
+		b = append(b, `,"state":`...)
+		b = append(b, it.State...)
+	}
+	b = appendImageRefs(b, it.Images)
+	b = append(b, `,"created_at":`...)
+	b = appendTime(b, it.CreatedAt)
+	return append(b, '}')
+}
+
+// appendQuestion appends the fields of one question after its name: type through audit.
+func (it *ReviewItem) appendQuestion(b []byte) []byte {
 	b = append(b, `,"type":`...)
 	b = appendString(b, string(it.Type))
 	b = append(b, `,"instructions":`...)
@@ -92,20 +105,61 @@ func (it *ReviewItem) AppendJSON(b []byte) []byte {
 	if it.Audit {
 		b = append(b, `,"audit":true`...)
 	}
-	if len(it.State) > 0 {
-		b = append(b, `,"state":`...)
-		b = append(b, it.State...)
-	}
+	return b
+}
+
+func appendImageRefs(b []byte, images []ImageRef) []byte {
 	b = append(b, `,"images":[`...)
-	for i, im := range it.Images {
+	for i, im := range images {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = im.appendJSON(b)
 	}
-	b = append(b, `],"created_at":`...)
-	b = appendTime(b, it.CreatedAt)
-	return append(b, '}')
+	return append(b, ']')
+}
+
+// MarshalJSON encodes the run's review message: its fields once, then each item's question
+// fields (see ReviewRun).
+func (rr ReviewRun) MarshalJSON() ([]byte, error) {
+	n := 256 + len(rr.State) + 96*len(rr.Images)
+	for i := range rr.Items {
+		n += rr.Items[i].sizeHint() - 256
+	}
+	return rr.AppendJSON(make([]byte, 0, n)), nil
+}
+
+// AppendJSON appends the message's JSON (see MarshalJSON) to b.
+func (rr *ReviewRun) AppendJSON(b []byte) []byte {
+	b = append(b, `{"run_id":`...)
+	b = appendString(b, rr.RunID)
+	b = append(b, `,"caller":`...)
+	b = appendString(b, rr.Caller)
+	b = append(b, `,"provider":`...)
+	b = appendString(b, rr.Provider)
+	b = append(b, `,"model":`...)
+	b = appendString(b, rr.Model)
+	if len(rr.State) > 0 {
+		b = append(b, `,"state":`...)
+		b = append(b, rr.State...)
+	}
+	b = appendImageRefs(b, rr.Images)
+	b = append(b, `,"created_at":`...)
+	b = appendTime(b, rr.CreatedAt)
+	b = append(b, `,"items":[`...)
+	for i := range rr.Items {
+		it := &rr.Items[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"id":`...)
+		b = appendString(b, it.ID)
+		b = append(b, `,"question":`...)
+		b = appendString(b, it.Question)
+		b = it.appendQuestion(b)
+		b = append(b, '}')
+	}
+	return append(b, "]}"...)
 }
 
 // UnmarshalJSON reads a review item as sys1 wrote it: types are checked, the order of

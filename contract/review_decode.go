@@ -14,16 +14,15 @@ import (
 // field must have its type. A failure names the field. (ReviewItem.UnmarshalJSON is the
 // lenient reader of review_codec.go.)
 
-// DecodeReviewItem reads one review item strictly (see the file comment). id, run_id,
-// caller, question, type, verdict and created_at are required; whether the item is
-// consistent (its id derived from its run and question, its subject's token the one it was
-// published under) is for the reader to check, which knows the subject.
+// DecodeReviewItem reads one review item strictly (see the file comment): the message of a
+// version before ReviewRun, one question per message. id, run_id, caller, question, type,
+// verdict and created_at are required; whether the item is consistent (its id derived from
+// its run and question, its subject's token the one it was published under) is for the
+// reader to check, which knows the subject.
 func DecodeReviewItem(data []byte) (*ReviewItem, error) {
 	var it ReviewItem
 	err := decodeStrict(data, "review item", func(d *strictDecoder, key string) error {
 		switch key {
-		case "id":
-			return d.str(&it.ID)
 		case "run_id":
 			return d.str(&it.RunID)
 		case "caller":
@@ -34,42 +33,6 @@ func DecodeReviewItem(data []byte) (*ReviewItem, error) {
 			return d.str(&it.Provider)
 		case "model":
 			return d.str(&it.Model)
-		case "question":
-			return d.str(&it.Question)
-		case "type":
-			if err := d.str((*string)(&it.Type)); err != nil {
-				return err
-			}
-			switch it.Type {
-			case TypeChoice, TypeNoul, TypeScore:
-				return nil
-			}
-			return fmt.Errorf("must be choice, noul or score, got %q", it.Type)
-		case "instructions":
-			if d.p.kind() == kindNull {
-				return d.p.literal("null") // as if absent: a question without instructions
-			}
-			return d.raw(&it.Instructions)
-		case "options":
-			return d.options(&it.Options)
-		case "levels":
-			return d.strings(&it.Levels)
-		case "probabilities":
-			return d.probabilities(&it.Probabilities)
-		case "confidence":
-			return d.unit(&it.Confidence)
-		case "noul":
-			return d.unit(&it.Noul)
-		case "score":
-			return d.finite(&it.Score)
-		case "choice":
-			return d.str(&it.Choice)
-		case "verdict":
-			return d.verdict(&it.Verdict)
-		case "mode":
-			return d.str(&it.Mode)
-		case "audit":
-			return d.boolean(&it.Audit)
 		case "state":
 			return d.raw(&it.State)
 		case "images":
@@ -77,7 +40,7 @@ func DecodeReviewItem(data []byte) (*ReviewItem, error) {
 		case "created_at":
 			return d.time(&it.CreatedAt)
 		}
-		return errUnknownField
+		return d.questionField(&it, key)
 	}, "id", "run_id", "caller", "question", "type", "verdict", "created_at")
 	if err != nil {
 		return nil, err
@@ -86,6 +49,167 @@ func DecodeReviewItem(data []byte) (*ReviewItem, error) {
 		it.Images = []ImageRef{}
 	}
 	return &it, nil
+}
+
+// DecodeReviewMessage reads what a message on SYS1_REVIEW holds, strictly: a ReviewRun (run_id,
+// caller, created_at and 1–MaxQuestions items required, each with id, question, type and
+// verdict), or a single review item as versions before ReviewRun wrote them, returned as a
+// run of one item (Legacy true).
+func DecodeReviewMessage(data []byte) (rr *ReviewRun, legacy bool, err error) {
+	if !reviewRunShape(data) {
+		it, err := DecodeReviewItem(data)
+		if err != nil {
+			return nil, false, err
+		}
+		return &ReviewRun{RunID: it.RunID, Caller: it.Caller, Provider: it.Provider, Model: it.Model,
+			State: it.State, Images: it.Images, CreatedAt: it.CreatedAt, Items: []ReviewItem{*it}}, true, nil
+	}
+	var run ReviewRun
+	err = decodeStrict(data, "review message", func(d *strictDecoder, key string) error {
+		switch key {
+		case "run_id":
+			return d.str(&run.RunID)
+		case "caller":
+			return d.str(&run.Caller)
+		case "provider":
+			return d.str(&run.Provider)
+		case "model":
+			return d.str(&run.Model)
+		case "state":
+			return d.raw(&run.State)
+		case "images":
+			return d.images(&run.Images)
+		case "created_at":
+			return d.time(&run.CreatedAt)
+		case "items":
+			if d.p.kind() != kindArray {
+				return fmt.Errorf("must be an array of items, got %s", kindName(d.p.kind()))
+			}
+			return d.p.array(func() error {
+				if len(run.Items) == MaxQuestions {
+					return fmt.Errorf("more than %d items (a request has at most %d questions)", MaxQuestions, MaxQuestions)
+				}
+				var it ReviewItem
+				if err := d.item(&it); err != nil {
+					return fmt.Errorf("[%d]: %w", len(run.Items), err)
+				}
+				run.Items = append(run.Items, it)
+				return nil
+			})
+		}
+		return errUnknownField
+	}, "run_id", "caller", "created_at", "items")
+	if err != nil {
+		return nil, false, err
+	}
+	if len(run.Items) == 0 {
+		return nil, false, errors.New("contract: review message: items must not be empty")
+	}
+	if run.Images == nil {
+		run.Images = []ImageRef{}
+	}
+	for i := range run.Items {
+		it := &run.Items[i]
+		it.RunID, it.Caller, it.Provider, it.Model = run.RunID, run.Caller, run.Provider, run.Model
+		it.State, it.Images, it.CreatedAt = run.State, run.Images, run.CreatedAt
+	}
+	return &run, false, nil
+}
+
+// reviewRunShape reports whether a message is a ReviewRun rather than an old single item: a
+// run has "items" among its top-level keys, an item never does. Malformed input is left to
+// the strict decoders (either says what is wrong).
+func reviewRunShape(data []byte) bool {
+	if !checkDepth(data, MaxDepth) {
+		return false
+	}
+	p := parser{data: data}
+	if p.kind() != kindObject {
+		return false
+	}
+	found := false
+	_ = p.object(func(key []byte) error {
+		if string(key) == "items" {
+			found = true
+		}
+		_, _, err := p.skip()
+		return err
+	})
+	return found
+}
+
+// item reads one element of a ReviewRun's items: an object of id, question and the question's
+// fields, strictly.
+func (d *strictDecoder) item(it *ReviewItem) error {
+	if d.p.kind() != kindObject {
+		return fmt.Errorf("must be an object, got %s", kindName(d.p.kind()))
+	}
+	var seen keySet
+	err := d.p.object(func(k []byte) error {
+		key := string(k)
+		if seen.add(key) {
+			return fmt.Errorf("field %q: duplicate key", key)
+		}
+		if err := d.questionField(it, key); err != nil {
+			return fmt.Errorf("field %q: %w", key, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, r := range []string{"id", "question", "type", "verdict"} {
+		if !seen.has(r) {
+			return fmt.Errorf("field %q is required", r)
+		}
+	}
+	return nil
+}
+
+// questionField reads one field of a review item's question part (id, question, type through
+// audit).
+func (d *strictDecoder) questionField(it *ReviewItem, key string) error {
+	switch key {
+	case "id":
+		return d.str(&it.ID)
+	case "question":
+		return d.str(&it.Question)
+	case "type":
+		if err := d.str((*string)(&it.Type)); err != nil {
+			return err
+		}
+		switch it.Type {
+		case TypeChoice, TypeNoul, TypeScore:
+			return nil
+		}
+		return fmt.Errorf("must be choice, noul or score, got %q", it.Type)
+	case "instructions":
+		if d.p.kind() == kindNull {
+			return d.p.literal("null") // as if absent: a question without instructions
+		}
+		return d.raw(&it.Instructions)
+	case "options":
+		return d.options(&it.Options)
+	case "levels":
+		return d.strings(&it.Levels)
+	case "probabilities":
+		return d.probabilities(&it.Probabilities)
+	case "confidence":
+		return d.unit(&it.Confidence)
+	case "noul":
+		return d.unit(&it.Noul)
+	case "score":
+		return d.finite(&it.Score)
+	case "choice":
+		return d.str(&it.Choice)
+	case "verdict":
+		return d.verdict(&it.Verdict)
+	case "mode":
+		return d.str(&it.Mode)
+	case "audit":
+		return d.boolean(&it.Audit)
+	}
+	return errUnknownField
 }
 
 var errUnknownField = errors.New("unknown field")

@@ -106,3 +106,104 @@ func FuzzDecodeReviewItem(f *testing.F) {
 }
 
 // FuzzDecodeLabel: likewise for labels.
+
+func sampleReviewRun() ReviewRun {
+	first := sampleReviewItem()
+	second := sampleReviewItem()
+	second.Question, second.ID, second.Type = "urgent", ReviewItemID("r-1", "urgent"), TypeNoul
+	second.Options, second.Probabilities, second.Choice, second.Confidence = nil, nil, "", nil
+	return ReviewRun{RunID: first.RunID, Caller: first.Caller, Provider: first.Provider, Model: first.Model,
+		State: first.State, Images: first.Images, CreatedAt: first.CreatedAt, Items: []ReviewItem{first, second}}
+}
+
+// TestReviewRunCarriesTheStateOnce: a run's review message holds its state once however many
+// questions it sends, and decodes back into whole items that each show it.
+func TestReviewRunCarriesTheStateOnce(t *testing.T) {
+	rr := sampleReviewRun()
+	b, err := rr.MarshalJSON()
+	if err != nil || !json.Valid(b) {
+		t.Fatalf("encode: %v\n%s", err, b)
+	}
+	if n := bytes.Count(b, []byte(`refund please`)); n != 1 {
+		t.Errorf("the state appears %d times in the message", n)
+	}
+	back, legacy, err := DecodeReviewMessage(b)
+	if err != nil || legacy {
+		t.Fatalf("decode: %v (legacy %v)\n%s", err, legacy, b)
+	}
+	if !reflect.DeepEqual(back.Expand(), rr.Expand()) {
+		t.Errorf("round trip changed the items:\n got %+v\nwant %+v", back.Expand(), rr.Expand())
+	}
+	for _, it := range back.Items {
+		if string(it.State) != string(rr.State) || it.RunID != "r-1" || it.Caller != "billing" {
+			t.Errorf("item %s lacks the run's fields: %+v", it.Question, it)
+		}
+	}
+	// An item of the earlier format still decodes: as a run of one.
+	old, _ := sampleReviewItem().MarshalJSON()
+	one, legacy, err := DecodeReviewMessage(old)
+	if err != nil || !legacy || len(one.Items) != 1 || !reflect.DeepEqual(one.Items[0], sampleReviewItem()) {
+		t.Errorf("an earlier item: %+v, legacy %v, %v", one, legacy, err)
+	}
+}
+
+func TestDecodeReviewMessageIsStrict(t *testing.T) {
+	good, _ := sampleReviewRun().MarshalJSON()
+	replace := func(old, new string) string { return strings.Replace(string(good), old, new, 1) }
+	many := sampleReviewRun()
+	for len(many.Items) <= MaxQuestions {
+		many.Items = append(many.Items, many.Items[0])
+	}
+	tooMany, _ := many.MarshalJSON()
+	for _, tc := range []struct{ name, in, want string }{
+		{"unknown field", replace(`{"run_id"`, `{"extra":1,"run_id"`), `field "extra": unknown field`},
+		{"unknown item field", replace(`{"id":`, `{"state":1,"id":`), `items": [0]: field "state": unknown field`},
+		{"item without an id", replace(`{"id":"`+ReviewItemID("r-1", "label")+`",`, `{`), `items": [0]: field "id" is required`},
+		{"no items", replace(`"items":[`, `"items":[],"x":[`), `unknown field`},
+		{"items not an array", replace(`"items":[`, `"items":{"a":[`), `must be an array`},
+		{"too many items", string(tooMany), "more than 64 items"},
+		{"duplicate key in an item", replace(`{"id":`, `{"question":"x","id":`), `duplicate key`},
+		{"missing created_at", replace(`"created_at":"2026-11-30T10:00:00.123Z",`, ``), `field "created_at" is required`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := DecodeReviewMessage([]byte(tc.in))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+	empty := replace(string(good[strings.Index(string(good), `"items":[`)+len(`"items":[`):len(good)-2]), ``)
+	if _, _, err := DecodeReviewMessage([]byte(empty)); err == nil || !strings.Contains(err.Error(), "items must not be empty") {
+		t.Errorf("empty items: %v", err)
+	}
+}
+
+func FuzzDecodeReviewMessage(f *testing.F) {
+	good, _ := sampleReviewRun().MarshalJSON()
+	old, _ := sampleReviewItem().MarshalJSON()
+	f.Add(good)
+	f.Add(old)
+	f.Add([]byte(`{"run_id":"r","caller":"c","created_at":"2026-01-01T00:00:00Z","items":[{"id":"x","question":"q","type":"noul","verdict":{}}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		rr, legacy, err := DecodeReviewMessage(data)
+		if err != nil {
+			return
+		}
+		var b []byte
+		if legacy {
+			b, err = rr.Items[0].MarshalJSON()
+		} else {
+			b, err = rr.MarshalJSON()
+		}
+		if err != nil {
+			t.Fatalf("accepted message does not encode: %v", err)
+		}
+		back, legacy2, err := DecodeReviewMessage(b)
+		if err != nil || legacy2 != legacy {
+			t.Fatalf("re-decode: %v (legacy %v → %v)\n%s", err, legacy, legacy2, b)
+		}
+		if !reflect.DeepEqual(back.Expand(), rr.Expand()) {
+			t.Fatalf("round trip changed the message:\n%+v\n%+v", back, rr)
+		}
+	})
+}

@@ -7,14 +7,15 @@ import (
 )
 
 // The JSON Schemas (draft 2020-12) of what the world sees: the request producers publish, the
-// reply they get, the run record analysts query, the review items reviewers see, the labels
+// reply they get, the run record analysts query, the review items reviewers see (and the
+// message a run sends them in), the labels
 // producers and reviewers submit, the reply to a label submission and a rejected label.
 // `sys1 schema` prints them.
 //
 //go:embed schema/*.schema.json
 var schemaFS embed.FS
 
-var schemaNames = []string{"request", "reply", "record", "review-item", "label", "label-reply", "label-rejection", "health", "capabilities"}
+var schemaNames = []string{"request", "reply", "record", "review-item", "review-run", "label", "label-reply", "label-rejection", "health", "capabilities"}
 
 // SchemaNames returns the names Schema accepts, in documentation order.
 func SchemaNames() []string { return append([]string(nil), schemaNames...) }

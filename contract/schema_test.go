@@ -53,7 +53,7 @@ func validate(t testing.TB, s *jsonschema.Schema, doc []byte) error {
 }
 
 func TestSchemaNames(t *testing.T) {
-	if got := strings.Join(SchemaNames(), ","); got != "request,reply,record,review-item,label,label-reply,label-rejection,health,capabilities" {
+	if got := strings.Join(SchemaNames(), ","); got != "request,reply,record,review-item,review-run,label,label-reply,label-rejection,health,capabilities" {
 		t.Fatal(got)
 	}
 	if _, err := Schema("nope"); err == nil {
@@ -244,6 +244,15 @@ func TestSchemasMatchGoTypes(t *testing.T) {
 	item := fullReviewItem()
 	itemJSON, _ := json.Marshal(item)
 	check(t, schemas["review-item"], "review item", itemJSON)
+	second := fullReviewItem()
+	second.Question, second.ID = "other", ReviewItemID(item.RunID, "other")
+	run := ReviewRun{RunID: item.RunID, Caller: item.Caller, Provider: item.Provider, Model: item.Model, State: item.State,
+		Images: item.Images, CreatedAt: item.CreatedAt, Items: []ReviewItem{item, second}}
+	runJSON, _ := json.Marshal(run)
+	check(t, schemas["review-run"], "review message", runJSON)
+	var runDoc struct{ Items []json.RawMessage }
+	_ = json.Unmarshal(runJSON, &runDoc)
+	notQueued, _ := json.Marshal(ReviewRef{Status: ReviewNotQueued, Item: item.ID, Reason: "caller svc-a holds 5000 review items"})
 	lbl := fullLabel()
 	labelJSON, _ := json.Marshal(lbl)
 	check(t, schemas["label"], "label", labelJSON)
@@ -277,7 +286,7 @@ func TestSchemasMatchGoTypes(t *testing.T) {
 	var replyDoc map[string]json.RawMessage
 	_ = json.Unmarshal(okJSON, &replyDoc)
 	schemaProps(t, "reply", "result", replyDoc["result"])
-	schemaProps(t, "reply", "reviewRef", replyDoc["review"])
+	schemaProps(t, "reply", "reviewRef", notQueued)
 	var attempts []json.RawMessage
 	_ = json.Unmarshal(replyDoc["attempts"], &attempts)
 	schemaProps(t, "reply", "attempt", attempts[0])
@@ -308,6 +317,8 @@ func TestSchemasMatchGoTypes(t *testing.T) {
 	_ = json.Unmarshal(recJSON, &recDoc)
 	schemaProps(t, "record", "storedRequest", recDoc["request"])
 	schemaProps(t, "review-item", "", itemJSON)
+	schemaProps(t, "review-run", "", runJSON)
+	schemaProps(t, "review-run", "item", runDoc.Items[0])
 	schemaProps(t, "label", "", labelJSON)
 	schemaProps(t, "label-reply", "", accepted)
 	schemaProps(t, "label-rejection", "", rejectionJSON)

@@ -59,15 +59,21 @@ type Calibrated struct {
 const (
 	ReviewPending  = "pending"
 	ReviewReviewed = "reviewed"
+	// ReviewNotQueued: the questions went to review, but the review item could not be
+	// stored (the caller's quota, or the review stream full); the reply goes out at once.
+	ReviewNotQueued = "not_queued"
 )
 
 // ReviewRef says that a run sent at least one question to human review.
 type ReviewRef struct {
-	Status string `json:"status"` // "pending" or "reviewed"
+	Status string `json:"status"` // "pending", "reviewed", or "not_queued"
 	Item   string `json:"item"`   // the first review item's id
 	// Items are the ids of every review item of the run, in question order (Items[0] is
 	// Item). Absent in replies and records written before issue 23 added it.
 	Items []string `json:"items,omitempty"`
+	// Reason says why the review was not queued (status not_queued): the caller's review
+	// quota, or SYS1_REVIEW full. The questions stay abstained; nobody will review them.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Review modes of a policy rule.
@@ -76,6 +82,36 @@ const (
 	ReviewNotify = "notify" // abstain, reply at once, and queue a review item
 	ReviewHold   = "hold"   // no reply until a person labels the question
 )
+
+// ReviewRun is what a run sends to human review, one message on sys1.review.<caller>
+// (stream SYS1_REVIEW): the run's fields and its state once, and one item per question sent
+// to review. A 64-question request so adds its state once, not 64 times. Items carries each
+// question's part of a ReviewItem (ID through Audit); Items expands them into whole items.
+// Review items from before this message (one ReviewItem per message, the state in each) are
+// still read: DecodeReviewMessage takes both.
+type ReviewRun struct {
+	RunID    string `json:"run_id"`
+	Caller   string `json:"caller"`
+	Provider string `json:"provider"`
+	Model    string `json:"model"`
+	// State is the run's state verbatim, absent when SYS1_REVIEW_STATE=none.
+	State     json.RawMessage `json:"state,omitempty"`
+	Images    []ImageRef      `json:"images"`
+	CreatedAt time.Time       `json:"created_at"`
+	Items     []ReviewItem    `json:"items"`
+}
+
+// Expand returns the run's items as whole review items, each with the run's fields; their
+// State shares the message's bytes.
+func (rr *ReviewRun) Expand() []ReviewItem {
+	out := make([]ReviewItem, len(rr.Items))
+	for i, it := range rr.Items {
+		it.RunID, it.Caller, it.Provider, it.Model = rr.RunID, rr.Caller, rr.Provider, rr.Model
+		it.State, it.Images, it.CreatedAt = rr.State, rr.Images, rr.CreatedAt
+		out[i] = it
+	}
+	return out
+}
 
 // ReviewItem is one question sent to human review, published to sys1.review.<caller> on the
 // SYS1_REVIEW stream. It carries everything a reviewer needs to decide without the run record.

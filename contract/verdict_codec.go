@@ -166,6 +166,10 @@ func (r *ReviewRef) appendJSON(b []byte) []byte {
 		b = append(b, `,"items":`...)
 		b = appendStrings(b, r.Items)
 	}
+	if r.Reason != "" {
+		b = append(b, `,"reason":`...)
+		b = appendString(b, r.Reason)
+	}
 	return append(b, '}')
 }
 
@@ -395,6 +399,8 @@ func (d *recordDecoder) reviewRef(dst **ReviewRef) error {
 			return d.str(&r.Item)
 		case "items":
 			return d.strings(&r.Items)
+		case "reason":
+			return d.str(&r.Reason)
 		}
 		_, _, err := d.p.skip()
 		return err
