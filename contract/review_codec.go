@@ -122,7 +122,7 @@ func appendImageRefs(b []byte, images []ImageRef) []byte {
 // MarshalJSON encodes the run's review message: its fields once, then each item's question
 // fields (see ReviewRun).
 func (rr ReviewRun) MarshalJSON() ([]byte, error) {
-	n := 256 + len(rr.State) + 96*len(rr.Images)
+	n := 256 + len(rr.Subject) + len(rr.State) + 96*len(rr.Images)
 	for i := range rr.Items {
 		n += rr.Items[i].sizeHint() - 256
 	}
@@ -135,6 +135,10 @@ func (rr *ReviewRun) AppendJSON(b []byte) []byte {
 	b = appendString(b, rr.RunID)
 	b = append(b, `,"caller":`...)
 	b = appendString(b, rr.Caller)
+	if rr.Subject != "" {
+		b = append(b, `,"subject":`...)
+		b = appendString(b, rr.Subject)
+	}
 	b = append(b, `,"provider":`...)
 	b = appendString(b, rr.Provider)
 	b = append(b, `,"model":`...)

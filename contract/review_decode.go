@@ -61,7 +61,7 @@ func DecodeReviewMessage(data []byte) (rr *ReviewRun, legacy bool, err error) {
 		if err != nil {
 			return nil, false, err
 		}
-		return &ReviewRun{RunID: it.RunID, Caller: it.Caller, Provider: it.Provider, Model: it.Model,
+		return &ReviewRun{RunID: it.RunID, Caller: it.Caller, Subject: it.Subject, Provider: it.Provider, Model: it.Model,
 			State: it.State, Images: it.Images, CreatedAt: it.CreatedAt, Items: []ReviewItem{*it}}, true, nil
 	}
 	var run ReviewRun
@@ -71,6 +71,8 @@ func DecodeReviewMessage(data []byte) (rr *ReviewRun, legacy bool, err error) {
 			return d.str(&run.RunID)
 		case "caller":
 			return d.str(&run.Caller)
+		case "subject":
+			return d.str(&run.Subject)
 		case "provider":
 			return d.str(&run.Provider)
 		case "model":
@@ -110,7 +112,7 @@ func DecodeReviewMessage(data []byte) (rr *ReviewRun, legacy bool, err error) {
 	}
 	for i := range run.Items {
 		it := &run.Items[i]
-		it.RunID, it.Caller, it.Provider, it.Model = run.RunID, run.Caller, run.Provider, run.Model
+		it.RunID, it.Caller, it.Subject, it.Provider, it.Model = run.RunID, run.Caller, run.Subject, run.Provider, run.Model
 		it.State, it.Images, it.CreatedAt = run.State, run.Images, run.CreatedAt
 	}
 	return &run, false, nil

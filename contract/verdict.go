@@ -90,8 +90,10 @@ const (
 // Review items from before this message (one ReviewItem per message, the state in each) are
 // still read: DecodeReviewMessage takes both.
 type ReviewRun struct {
-	RunID    string `json:"run_id"`
-	Caller   string `json:"caller"`
+	RunID  string `json:"run_id"`
+	Caller string `json:"caller"`
+	// Subject is the subject the run's request was published on (see ReviewItem.Subject).
+	Subject  string `json:"subject,omitempty"`
 	Provider string `json:"provider"`
 	Model    string `json:"model"`
 	// State is the run's state verbatim, absent when SYS1_REVIEW_STATE=none.
@@ -106,7 +108,7 @@ type ReviewRun struct {
 func (rr *ReviewRun) Expand() []ReviewItem {
 	out := make([]ReviewItem, len(rr.Items))
 	for i, it := range rr.Items {
-		it.RunID, it.Caller, it.Provider, it.Model = rr.RunID, rr.Caller, rr.Provider, rr.Model
+		it.RunID, it.Caller, it.Subject, it.Provider, it.Model = rr.RunID, rr.Caller, rr.Subject, rr.Provider, rr.Model
 		it.State, it.Images, it.CreatedAt = rr.State, rr.Images, rr.CreatedAt
 		out[i] = it
 	}

@@ -34,7 +34,12 @@ func (w *Worker) Handler() http.Handler {
 			http.Error(rw, "providers: "+healthSummary(h), http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = rw.Write([]byte("ready (" + h.Status + ")\n"))
+		state := h.Status
+		if full := w.FullStreams(); len(full) > 0 {
+			// Still ready: it answers what it can. The probe's body says what it cannot store.
+			state += "; full, refusing new messages: " + strings.Join(full, ", ")
+		}
+		_, _ = rw.Write([]byte("ready (" + state + ")\n"))
 	})
 	mux.Handle("/metrics", metrics.Handler(w.registry, w.log))
 	return mux

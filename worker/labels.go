@@ -120,6 +120,15 @@ func (w *Worker) consumeLabels(ctx, runCtx context.Context, stream, name string,
 	var fails int
 	var goneSince time.Time
 	for ctx.Err() == nil {
+		if stream == w.opt.Topology.LabelSubmissionsStream && w.isFull(w.opt.Topology.LabelsStream) {
+			// Back-pressure: a checked label could not be stored now, and pulling would only
+			// spend the submissions' deliveries. They wait, unread, until there is room.
+			select {
+			case <-time.After(w.cfg.StatusInterval):
+			case <-ctx.Done():
+			}
+			continue
+		}
 		// Bounded by the server's expiry, not by ctx (see pullWaiting): a pull the client stops
 		// reading before the server's expiry status can strand messages until AckWait.
 		// Messages are handled one at a time and only the one in hand is kept alive
@@ -387,7 +396,7 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 	// would conclude.
 	id := "label:" + strconv.FormatUint(s.meta.Sequence.Stream, 10) + ":" + strconv.FormatInt(s.meta.Timestamp.UnixNano(), 36)
 	r := &run{w: w, msg: s.msg, log: s.log} // for store: retried in place, the delivery kept alive
-	err := r.store(ctx, "publish the checked label", func(ctx context.Context) error {
+	err := r.store(ctx, "publish the checked label", w.opt.Topology.LabelsStream, func(ctx context.Context) error {
 		m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
 		if s.label != nil {
 			m.Header.Set(HeaderRunID, s.label.RunID)
@@ -424,7 +433,7 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 		m.Header.Set(HeaderErrorCode, string(cerr.Code))
 	}
 	if strings.HasPrefix(s.replyTo, topology.RepliesPrefix) {
-		err := r.store(ctx, "publish the durable label reply", func(ctx context.Context) error {
+		err := r.store(ctx, "publish the durable label reply", w.opt.Topology.RepliesStream, func(ctx context.Context) error {
 			_, err := w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("reply:"+id))
 			return err
 		})

@@ -63,6 +63,17 @@ func (w *Worker) instrument() error {
 		Replays:      func() float64 { return float64(w.stats.replayed.Load()) },
 		DeadLetters:  func() float64 { return float64(w.stats.deadLetters.Load()) },
 		Paused:       func() float64 { return float64(w.pausedGauge()) },
+		QuotaAtLimit: w.QuotaAtLimit,
+		Streams: func() []metrics.StreamState {
+			us := w.Streams()
+			out := make([]metrics.StreamState, 0, len(us))
+			for _, u := range us {
+				if u.Error == "" {
+					out = append(out, metrics.StreamState{Name: u.Name, Bytes: float64(u.Bytes), MaxBytes: float64(u.MaxBytes), Full: u.Full})
+				}
+			}
+			return out
+		},
 		Providers: func() []metrics.ProviderState {
 			h := w.chain.Health()
 			out := make([]metrics.ProviderState, len(h.Providers))

@@ -30,16 +30,18 @@ func withPolicy(t *testing.T, yaml string) func(*replicaOpts) {
 	return func(o *replicaOpts) { o.abstention = h }
 }
 
-// reviewItems reads every item on SYS1_REVIEW.
+// reviewItems reads every item on SYS1_REVIEW (each message holds a run's items).
 func (h *harness) reviewItems() []*contract.ReviewItem {
 	h.t.Helper()
 	var out []*contract.ReviewItem
 	for _, m := range h.streamMsgs(h.topo.ReviewStream) {
-		it, err := contract.DecodeReviewItem(m.Data)
-		if err != nil {
-			h.t.Fatalf("review item on %s: %v\n%s", m.Subject, err, m.Data)
+		rr, legacy, err := contract.DecodeReviewMessage(m.Data)
+		if err != nil || legacy {
+			h.t.Fatalf("review message on %s (legacy %v): %v\n%s", m.Subject, legacy, err, m.Data)
 		}
-		out = append(out, it)
+		for _, it := range rr.Expand() {
+			out = append(out, &it)
+		}
 	}
 	return out
 }

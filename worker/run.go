@@ -27,6 +27,7 @@ var stages = []struct {
 	run  func(r *run, ctx context.Context) error
 }{
 	{"admit", (*run).admit},         // who sent it, and where may it be answered
+	{"quota", (*run).quota},         // a caller over its pending quota on further subjects
 	{"gate", (*run).gate},           // claim the run id (or find the run already finished)
 	{"prepare", (*run).prepare},     // deadline, decode, resolve, size
 	{"cache", (*run).cacheLookup},   // an answer the same weights gave the same request
@@ -79,6 +80,9 @@ type run struct {
 	reviews       []policy.Review    // questions to send to human review
 	review        *contract.ReviewRef
 	hold          bool // no reply until a person has labelled the held questions
+	// reviewQueued: the review message is on SYS1_REVIEW; reviewRefused: it could not be
+	// stored (quota, stream full), so the reply says not_queued and nothing is held.
+	reviewQueued, reviewRefused bool
 
 	// cache and budget
 	cacheKey *cache.Key // set when the run may use the cache

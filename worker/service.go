@@ -49,8 +49,13 @@ type Health struct {
 	Totals        Totals             `json:"totals"`
 	Consumers     []ConsumerState    `json:"consumers"`
 	// Paused is set while the interactive consumer is paused.
-	Paused    *PauseState `json:"paused,omitempty"`
-	CheckedAt time.Time   `json:"checked_at"`
+	Paused *PauseState `json:"paused,omitempty"`
+	// Full names the streams refusing new messages now (their byte limit, or the NATS
+	// server's storage); with any, a status ok becomes degraded. Storage is every stream's
+	// bytes and limit as last read.
+	Full      []string      `json:"full,omitempty"`
+	Storage   []StreamUsage `json:"storage"`
+	CheckedAt time.Time     `json:"checked_at"`
 }
 
 // InFlight counts what a replica holds now: messages being processed, and of their provider
@@ -242,8 +247,11 @@ type fleet struct {
 func (w *Worker) watchFleet(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	for {
+	for tick := 0; ; tick++ {
 		w.refreshFleet(ctx)
+		if tick%storageEvery == storageEvery-1 { // Run read them just before the first tick
+			w.refreshStorage(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -297,6 +305,13 @@ func (w *Worker) Health() Health {
 		InFlight:  InFlight{Messages: w.stats.inFlight.Load(), ProviderCalls: w.stats.providerNow.Load()},
 		Totals:    Totals{Runs: w.stats.succeeded.Load() + w.stats.failed.Load(), ProviderCalls: w.stats.providerCalls.Load()},
 		Consumers: []ConsumerState{},
+	}
+	h.Storage, h.Full = w.Streams(), w.FullStreams()
+	if len(h.Full) > 0 && h.Status == HealthOK {
+		h.Status = HealthDegraded // answering what it can; Full says what it cannot store
+	}
+	if h.Storage == nil {
+		h.Storage = []StreamUsage{}
 	}
 	if cs := w.fleet.consumers.Load(); cs != nil {
 		h.Consumers = *cs

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // gate claims the run id for the verified caller in the run-id gate, or finds why it cannot:
@@ -14,7 +15,8 @@ func (r *run) gate(ctx context.Context) error {
 	w := r.w
 	claim, st, rev, err := w.gate.claim(ctx, r.runID, r.identity, r.meta.Sequence.Stream, r.start)
 	if err != nil {
-		return err
+		// A full bucket is said once in the log and in health; the delivery comes back later.
+		return w.noteStore(topology.KVStream(w.opt.Topology.RunsBucket), err)
 	}
 	switch claim {
 	case claimConflict:

@@ -48,6 +48,20 @@ func (r *run) publish(ctx context.Context, runErr error) error {
 	// zero provider latency) for nothing: the output is already compact, valid JSON.
 	replyBytes, _ := reply.MarshalJSON()
 	recordBytes, _ := record.MarshalJSON()
+	if limit := r.w.storeLimit(); len(recordBytes) <= limit && len(replyBytes) <= limit {
+		// The review item goes first (the reply points at it); one that cannot be stored
+		// changes what the reply says about it.
+		changed, err := r.queueReview(ctx, finished)
+		if err != nil {
+			return err
+		}
+		if changed {
+			reply = r.replyFor(r.resp, cerr, finished)
+			record = r.recordFor(&reply, finished, prov)
+			replyBytes, _ = reply.MarshalJSON()
+			recordBytes, _ = record.MarshalJSON()
+		}
+	}
 	err := r.conclude(ctx, reply.Status, replyBytes, recordBytes, finished, prov)
 	if isTooLarge(err) {
 		// The outcome cannot be stored as it is: answer that, in a form that can.
@@ -94,11 +108,6 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 		return fmt.Errorf("outcome of %d + %d bytes: %w", len(record), len(reply), errTooLarge)
 	}
 	subject := topology.RunsPrefix + string(status)
-	if items := r.reviewItems(finished); len(items) > 0 {
-		if err := r.publishReviewItems(ctx, items); err != nil {
-			return err
-		}
-	}
 	if r.state != nil {
 		st := *r.state
 		st.Status, st.Attempts = runDone, r.attempts
@@ -110,7 +119,7 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 			Provider: p.provider, Worker: p.worker, Version: p.version, OmitRequest: r.omitRequest,
 			CostUSD: p.costUSD, CacheHit: p.cacheHit,
 		}
-		err := r.store(ctx, "store the outcome", func(ctx context.Context) error {
+		err := r.store(ctx, "store the outcome", topology.KVStream(r.w.opt.Topology.RunsBucket), func(ctx context.Context) error {
 			rev, err := r.w.gate.save(ctx, r.runID, &st, r.rev)
 			if err != nil {
 				return err
@@ -124,6 +133,14 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 		*r.state = st
 	}
 	if err := r.sendRecord(ctx, subject, record, status); err != nil {
+		if _, full := refusedBy(err); full && !r.hold && r.state != nil {
+			// SYS1_RUNS is full: the outcome is stored, so answer now; the delivery is not
+			// acknowledged, and its redelivery writes the record (and, replies being at least
+			// once, sends the same reply again) once there is room.
+			if rerr := r.sendReply(ctx, reply, status); rerr != nil {
+				r.log.Warn().Err(rerr).Msg("could not send the reply of a run whose record waits for room")
+			}
+		}
 		return err
 	}
 	if r.hold {
@@ -133,8 +150,12 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 	return r.sendReply(ctx, reply, status)
 }
 
-// heldQuestions are the questions whose review holds the reply.
+// heldQuestions are the questions whose review holds the reply (none when the review could
+// not be queued: nobody could release them).
 func (r *run) heldQuestions() []string {
+	if r.reviewRefused {
+		return nil
+	}
 	var held []string
 	for _, rv := range r.reviews {
 		if rv.Mode == contract.ReviewHold {
@@ -209,7 +230,7 @@ func (r *run) rebuildRecord(st *runState) ([]byte, error) {
 // sendRecord writes the record to SYS1_RUNS, awaiting the stream's ack. The record id
 // de-duplicates a record written again (store's retries, a replay) within the stream's window.
 func (r *run) sendRecord(ctx context.Context, subject string, record []byte, status contract.Status) error {
-	err := r.store(ctx, "publish the record", func(ctx context.Context) error {
+	err := r.store(ctx, "publish the record", r.w.opt.Topology.RunsStream, func(ctx context.Context) error {
 		rm := &nats.Msg{Subject: subject, Data: record, Header: nats.Header{}}
 		rm.Header.Set(HeaderRunID, r.recordID)
 		rm.Header.Set(HeaderStatus, string(status))
@@ -246,7 +267,7 @@ func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Statu
 		}
 	}
 	if strings.HasPrefix(r.replyTo, topology.RepliesPrefix) {
-		err := r.store(ctx, "publish the durable reply", func(ctx context.Context) error {
+		err := r.store(ctx, "publish the durable reply", r.w.opt.Topology.RepliesStream, func(ctx context.Context) error {
 			_, err := r.w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("reply:"+r.recordID))
 			return err
 		})
@@ -268,7 +289,7 @@ func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Statu
 // "review" as an object whose first member is its status; answers cannot hold that text
 // outside a JSON string, where its quotes would be escaped.
 func reviewStatus(reply []byte) string {
-	for _, status := range []string{contract.ReviewPending, contract.ReviewReviewed} {
+	for _, status := range []string{contract.ReviewPending, contract.ReviewReviewed, contract.ReviewNotQueued} {
 		if bytes.Contains(reply, []byte(`"review":{"status":"`+status+`"`)) {
 			return status
 		}
@@ -276,13 +297,15 @@ func reviewStatus(reply []byte) string {
 	return ""
 }
 
-// store runs op, a step that writes the run's outcome, until it succeeds, fails for good, or
-// the store-retry time (SYS1_STORE_RETRY) is spent, keeping the delivery alive with
+// store runs op, a step that writes the run's outcome into stream, until it succeeds, fails for
+// good, or the store-retry time (SYS1_STORE_RETRY) is spent, keeping the delivery alive with
 // InProgress meanwhile. A store that failed for a moment (a timeout while a stream or the
 // gate's bucket elects a leader, a reconnect) must not throw away an answer the model was
 // already paid for: retried here, the run is stored once; nak'ed, it would be scored again.
-// A failure that retrying cannot fix (too large; shutdown) ends at once.
-func (r *run) store(ctx context.Context, what string, op func(context.Context) error) error {
+// A failure that retrying cannot fix ends at once: too large, shutdown, and a stream that
+// refuses for want of room or the caller's quota (a *storeRefused; see storage.go), which
+// waiting in place would only turn into a wedge.
+func (r *run) store(ctx context.Context, what, stream string, op func(context.Context) error) error {
 	w := r.w
 	budget := time.Now().Add(w.cfg.StoreRetry)
 	delay := 50 * time.Millisecond
@@ -293,8 +316,11 @@ func (r *run) store(ctx context.Context, what string, op func(context.Context) e
 		// whose leader just died waits out the whole timeout, and the new leader is usually
 		// there sooner.
 		actx, cancel := context.WithTimeout(ctx, storeAttemptTimeout)
-		err := op(actx)
+		err := w.noteStore(stream, op(actx))
 		cancel()
+		if _, refused := refusedBy(err); refused {
+			return err
+		}
 		if err == nil || isTooLarge(err) || ctx.Err() != nil || !time.Now().Add(delay).Before(budget) {
 			if err != nil && isTooLarge(err) {
 				return fmt.Errorf("%w: %w", errTooLarge, err)

@@ -113,6 +113,8 @@ type Worker struct {
 	chain *chain.Chain
 	// fleet is the shared consumers' state, for health (service.go).
 	fleet fleet
+	// storage is the streams' room as this replica knows it (storage.go).
+	storage storage
 	// fits are the calibration fits (KV sys1-calibration), nil when the bucket is not usable.
 	fits atomic.Pointer[calibration.Store]
 	// budget enforces Limits (KV sys1-limits); nil without a limits file. cache is the exact
@@ -346,6 +348,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	dead.Go(func() { w.labelSubmissions(ctx, runCtx) })
 	dead.Go(func() { w.heldReplies(ctx, runCtx) })
 	probed := w.chain.Start(ctx, w.cfg.ProbeInterval)
+	// The streams' room and the callers' quotas are known before the first pull.
+	w.refreshStorage(ctx)
 	dead.Go(func() { w.watchFleet(ctx, w.cfg.StatusInterval) })
 	if stop, err := w.startService(); err != nil {
 		// Health and capabilities over NATS are for operators; decisions do not need them.

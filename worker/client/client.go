@@ -4,7 +4,7 @@
 //	nc, _ := nats.Connect(url, nats.CustomInboxPrefix("_INBOX.billing")) // an inbox this user may read
 //	c, _ := client.New(nc)
 //	reply, err := c.Decide(ctx, client.Request{Caller: "billing", Body: body})
-//	if err != nil { ... }           // no reply: ErrNoStream, ErrDuplicate (an earlier publish of this run id gets it), transport trouble
+//	if err != nil { ... }           // no reply: ErrNoStream, ErrDuplicate (an earlier publish of this run id gets it), ErrQuotaExceeded, ErrStreamFull, transport trouble
 //	if reply.Status == "failed" { ... reply.Error.Code ... }
 //	runID, err := c.Publish(ctx, client.Request{Caller: "billing", Body: body}) // fire and forget
 //
@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/topology"
 	"github.com/sys1hq/sys1/worker/tracing"
 )
 
@@ -56,6 +57,17 @@ var ErrNoStream = errors.New("no JetStream stream accepts sys1.decide.*: is a sy
 // id) within its window (2 minutes by default): this publish was dropped, and the reply goes
 // to the first request's reply subject. Use a fresh run id for a new run.
 var ErrDuplicate = errors.New("a request with this run id was already accepted within the de-duplication window; this one was not stored")
+
+// ErrQuotaExceeded means JetStream refused the request: the caller already has as many
+// requests waiting on this subject as its quota allows (SYS1_REQUESTS_MAX_PER_CALLER on the
+// workers). Nothing was stored; other callers are not affected. Publish again once some have
+// been answered.
+var ErrQuotaExceeded = errors.New("refused: this caller already has as many requests waiting as its quota allows (SYS1_REQUESTS_MAX_PER_CALLER); nothing was stored: try again once some are answered")
+
+// ErrStreamFull means JetStream refused the request for want of room: SYS1_REQUESTS is at its
+// byte limit (SYS1_REQUESTS_MAX_BYTES), or the NATS server has no storage left. Nothing was
+// stored; the fleet is behind or stopped, and the operators' alerts say so.
+var ErrStreamFull = errors.New("refused: the request stream is full (SYS1_REQUESTS_MAX_BYTES reached, or NATS has no storage left); nothing was stored: try again later")
 
 // Client publishes requests. It is safe for concurrent use.
 type Client struct {
@@ -177,6 +189,12 @@ func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 			return ErrNoStream
+		}
+		switch topology.Refused(err) {
+		case topology.RefusedQuota:
+			return fmt.Errorf("publish to %s: %w (JetStream: %v)", m.Subject, ErrQuotaExceeded, err)
+		case topology.RefusedFull, topology.RefusedStorage:
+			return fmt.Errorf("publish to %s: %w (JetStream: %v)", m.Subject, ErrStreamFull, err)
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 			// A refused subscription's -ERR precedes the PONG: after this, LastError has it.

@@ -26,7 +26,27 @@ type WorkerOptions struct {
 	Providers func() []ProviderState
 	// Fits is the calibration fits the replica holds now (see FitReading).
 	Fits func() []FitReading
+	// Streams is every stream's and bucket's usage as the replica last read it (its fleet
+	// watcher, every few SYS1_STATUS_INTERVALs; never on a run's path).
+	Streams func() []StreamState
+	// QuotaAtLimit is, per quota kind, the callers at their quota now (JetStream refuses
+	// their next publish), as the fleet watcher last counted them.
+	QuotaAtLimit func() map[string]int
 }
+
+// StreamState is one stream (or a KV bucket's stream, KV_<bucket>) as a scrape sees it.
+type StreamState struct {
+	Name            string
+	Bytes, MaxBytes float64
+	Full            bool // refusing new messages now
+}
+
+// Quota kinds of sys1_worker_quota_refusals_total.
+const (
+	QuotaRequests = "requests" // requests refused at admission: the caller holds too many waiting
+	QuotaReview   = "review"   // review items not queued: the caller's review quota is reached
+	QuotaLabels   = "labels"   // label submissions refused: the caller's label quota is reached
+)
 
 // ProviderState is one link of the provider chain as a scrape sees it.
 type ProviderState struct {
@@ -47,13 +67,14 @@ type Worker struct {
 	providerCalls *prometheus.CounterVec
 	providerTime  *prometheus.HistogramVec
 	stages        *prometheus.HistogramVec
+	quota         *prometheus.CounterVec
 }
 
 // NewWorker registers a replica's families on reg, each labelled worker=<Replica>. Every
 // reading function must be set.
 func NewWorker(reg prometheus.Registerer, o WorkerOptions) (*Worker, error) {
 	if o.InFlight == nil || o.ProviderPeak == nil || o.Redeliveries == nil || o.Replays == nil ||
-		o.DeadLetters == nil || o.Paused == nil || o.Providers == nil || o.Fits == nil {
+		o.DeadLetters == nil || o.Paused == nil || o.Providers == nil || o.Fits == nil || o.Streams == nil || o.QuotaAtLimit == nil {
 		return nil, errors.New("metrics: every WorkerOptions reading is required")
 	}
 	c := &catalogue{reg: prometheus.WrapRegistererWith(prometheus.Labels{"worker": o.Replica}, reg)}
@@ -76,6 +97,12 @@ func NewWorker(reg prometheus.Registerer, o WorkerOptions) (*Worker, error) {
 		"Provider call latency (an attempt's latency_ms), by provider.", ProviderBuckets, "provider")
 	w.stages = c.histogramVec("sys1_worker_stage_duration_seconds",
 		"Time a delivery spent in each stage of the run (admit, gate, prepare, call, publish, ...).", StageBuckets, "stage")
+
+	w.quota = c.counterVec("sys1_worker_quota_refusals_total",
+		"Refusals this replica made for a caller's quota, by kind: requests (refused at admission: the caller holds more than SYS1_REQUESTS_MAX_PER_CALLER waiting on its further subjects), review (review items not queued: the caller has SYS1_REVIEW_MAX_PER_CALLER), labels (always 0: label submissions over SYS1_LABELS_MAX_PER_CALLER are refused by JetStream at publish, before any worker sees them; see sys1_worker_quota_callers_at_limit). Refusals at publish are the producer's error; sys1_worker_quota_callers_at_limit counts the callers getting them.", "kind")
+	for _, k := range []string{QuotaRequests, QuotaReview, QuotaLabels} {
+		w.quota.WithLabelValues(k) // every kind is a series from the start, at 0
+	}
 
 	c.gaugeFunc("sys1_worker_in_flight", "Messages being processed by this replica.", o.InFlight)
 	c.gaugeFunc("sys1_worker_provider_in_flight_peak", "Most provider calls ever running at once in this replica.", o.ProviderPeak)
@@ -109,12 +136,45 @@ func NewWorker(reg prometheus.Registerer, o WorkerOptions) (*Worker, error) {
 		},
 	})
 	c.registerFits(o.Fits)
+	bytesDesc := prometheus.NewDesc("sys1_worker_stream_bytes",
+		"Bytes a stream (or a KV bucket's stream, KV_<bucket>) holds, as this replica's fleet watcher last read it.", []string{"stream"}, nil)
+	maxBytesDesc := prometheus.NewDesc("sys1_worker_stream_max_bytes",
+		"A stream's byte limit (SYS1_*_MAX_BYTES); at it, a stream of records, labels, requests or review items refuses new messages.", []string{"stream"}, nil)
+	fullDesc := prometheus.NewDesc("sys1_worker_stream_full",
+		"1 while a stream refuses new messages for want of room (its byte limit, or the NATS server's storage), else 0.", []string{"stream"}, nil)
+	atLimitDesc := prometheus.NewDesc("sys1_worker_quota_callers_at_limit",
+		"Callers at their quota now, by kind (requests: SYS1_REQUESTS_MAX_PER_CALLER waiting on sys1.decide.<caller>; review: SYS1_REVIEW_MAX_PER_CALLER items; labels: SYS1_LABELS_MAX_PER_CALLER submissions waiting). JetStream refuses their next publish.", []string{"kind"}, nil)
+	c.families = append(c.families,
+		Family{Name: "sys1_worker_quota_callers_at_limit", Type: "gauge", Labels: []string{"kind"}},
+		Family{Name: "sys1_worker_stream_bytes", Type: "gauge", Labels: []string{"stream"}},
+		Family{Name: "sys1_worker_stream_max_bytes", Type: "gauge", Labels: []string{"stream"}},
+		Family{Name: "sys1_worker_stream_full", Type: "gauge", Labels: []string{"stream"}})
+	c.register(&funcCollector{
+		descs: []*prometheus.Desc{bytesDesc, maxBytesDesc, fullDesc, atLimitDesc},
+		collect: func(ch chan<- prometheus.Metric) {
+			for kind, n := range o.QuotaAtLimit() {
+				ch <- prometheus.MustNewConstMetric(atLimitDesc, prometheus.GaugeValue, float64(n), kind)
+			}
+			for _, s := range o.Streams() {
+				full := 0.0
+				if s.Full {
+					full = 1
+				}
+				ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.GaugeValue, s.Bytes, s.Name)
+				ch <- prometheus.MustNewConstMetric(maxBytesDesc, prometheus.GaugeValue, s.MaxBytes, s.Name)
+				ch <- prometheus.MustNewConstMetric(fullDesc, prometheus.GaugeValue, full, s.Name)
+			}
+		},
+	})
 	if c.err != nil {
 		return nil, c.err
 	}
 	w.families = c.families
 	return w, nil
 }
+
+// QuotaRefused counts one refusal for a caller's quota of the given kind (QuotaRequests, …).
+func (w *Worker) QuotaRefused(kind string) { w.quota.WithLabelValues(kind).Inc() }
 
 // Families lists the worker's families.
 func (w *Worker) Families() []Family { return append([]Family(nil), w.families...) }
@@ -159,6 +219,7 @@ func WorkerFamilies() []Family {
 	w, err := NewWorker(prometheus.NewRegistry(), WorkerOptions{
 		Replica: "catalogue", InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Paused: zero,
 		Providers: func() []ProviderState { return nil }, Fits: func() []FitReading { return nil },
+		Streams: func() []StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil },
 	})
 	if err != nil {
 		panic(err) // a fresh registry cannot refuse them

@@ -71,6 +71,9 @@ type Config struct {
 	ReviewBucket      string `env:"SYS1_REVIEW_BUCKET" envDefault:"sys1-review"`
 	CalibrationBucket string `env:"SYS1_CALIBRATION_BUCKET" envDefault:"sys1-calibration"`
 	CacheBucket       string `env:"SYS1_CACHE_BUCKET" envDefault:"sys1-cache"`
+	// ReviewSessionsBucket holds the review page's sessions (sys1 review); the workers only
+	// read its size.
+	ReviewSessionsBucket string `env:"SYS1_REVIEW_SESSIONS_BUCKET" envDefault:"sys1-review-sessions"`
 	// DeadLetterStream keeps JetStream's max-deliveries advisories for the request consumers,
 	// so a request that ran out of deliveries is answered by a worker (DeadLetterConsumer)
 	// even when no worker was listening at that moment.
@@ -111,7 +114,7 @@ type Config struct {
 	MaxMsgSize int32 `env:"SYS1_MAX_MSG_SIZE" envDefault:"8388608"`
 
 	// Byte limits: every stream and bucket is bounded, and the defaults together are the
-	// storage budget README's "Storage budget" explains (about 23 GiB of file storage and
+	// storage budget README's "Storage budget" explains (about 23.7 GiB of file storage and
 	// 256 MiB of memory on each NATS server). What happens at a limit is each stream's
 	// discard policy: see the stream configs below.
 	RequestsMaxBytes         Bytes `env:"SYS1_REQUESTS_MAX_BYTES" envDefault:"4GiB"`
@@ -126,6 +129,7 @@ type Config struct {
 	CalibrationMaxBytes      Bytes `env:"SYS1_CALIBRATION_BUCKET_MAX_BYTES" envDefault:"64MiB"`
 	CacheMaxBytes            Bytes `env:"SYS1_CACHE_BUCKET_MAX_BYTES" envDefault:"256MiB"`
 	LimitsMaxBytes           Bytes `env:"SYS1_LIMITS_BUCKET_MAX_BYTES" envDefault:"256MiB"`
+	ReviewSessionsMaxBytes   Bytes `env:"SYS1_REVIEW_SESSIONS_MAX_BYTES" envDefault:"64MiB"`
 
 	// Per-caller quotas, so that no caller takes the shared budget. JetStream enforces each
 	// at publish time on the caller's subject (a per-subject limit that refuses new messages):
@@ -154,6 +158,7 @@ func (c *Config) Validate() []error {
 		{"SYS1_CALIBRATION_BUCKET", c.CalibrationBucket}, {"SYS1_CACHE_BUCKET", c.CacheBucket},
 		{"SYS1_LIMITS_BUCKET", c.LimitsBucket}, {"SYS1_DEAD_LETTER_STREAM", c.DeadLetterStream},
 		{"SYS1_DEAD_LETTER_CONSUMER", c.DeadLetterConsumer}, {"SYS1_HOLDS_CONSUMER", c.HoldsConsumer},
+		{"SYS1_REVIEW_SESSIONS_BUCKET", c.ReviewSessionsBucket},
 	} {
 		if !validName(f.v) {
 			errs = append(errs, fmt.Errorf("%s: %q is not a valid JetStream name (letters, digits, - and _ only)", f.name, f.v))
@@ -223,6 +228,7 @@ func (c Config) byteLimits() []byteLimit {
 		{"SYS1_DEAD_LETTERS_MAX_BYTES", c.DeadLettersMaxBytes, MiB}, {"SYS1_RUNS_BUCKET_MAX_BYTES", c.RunsBucketMaxBytes, msg},
 		{"SYS1_REVIEW_BUCKET_MAX_BYTES", c.ReviewBucketMaxBytes, MiB}, {"SYS1_CALIBRATION_BUCKET_MAX_BYTES", c.CalibrationMaxBytes, MiB},
 		{"SYS1_CACHE_BUCKET_MAX_BYTES", c.CacheMaxBytes, msg}, {"SYS1_LIMITS_BUCKET_MAX_BYTES", c.LimitsMaxBytes, MiB},
+		{"SYS1_REVIEW_SESSIONS_MAX_BYTES", c.ReviewSessionsMaxBytes, MiB},
 	}
 }
 
@@ -249,6 +255,7 @@ func (c Config) StreamVariables() map[string]string {
 		c.DeadLetterStream: "SYS1_DEAD_LETTERS_MAX_BYTES", KVStream(c.RunsBucket): "SYS1_RUNS_BUCKET_MAX_BYTES",
 		KVStream(c.ReviewBucket): "SYS1_REVIEW_BUCKET_MAX_BYTES", KVStream(c.CalibrationBucket): "SYS1_CALIBRATION_BUCKET_MAX_BYTES",
 		KVStream(c.CacheBucket): "SYS1_CACHE_BUCKET_MAX_BYTES", KVStream(c.LimitsBucket): "SYS1_LIMITS_BUCKET_MAX_BYTES",
+		KVStream(c.ReviewSessionsBucket): "SYS1_REVIEW_SESSIONS_MAX_BYTES",
 	}
 }
 
@@ -285,6 +292,7 @@ func Default() Config {
 		LabelsMaxBytes: 1 * GiB, LabelSubmissionsMaxBytes: 1 * GiB, DeadLettersMaxBytes: 64 * MiB,
 		RunsBucketMaxBytes: 4 * GiB, ReviewBucketMaxBytes: 256 * MiB, CalibrationMaxBytes: 64 * MiB,
 		CacheMaxBytes: 256 * MiB, LimitsMaxBytes: 256 * MiB,
+		ReviewSessionsBucket: "sys1-review-sessions", ReviewSessionsMaxBytes: 64 * MiB,
 		RequestsPerCaller: 10000, ReviewPerCaller: 5000, LabelsPerCaller: 5000, RejectedLabelsMaxAge: 7 * 24 * time.Hour,
 	}
 }
