@@ -224,7 +224,8 @@ func (s *Server) logout(w http.ResponseWriter, r *http.Request, sess *session) {
 
 // queryOf reads the queue's filters and order from a request (URL or form).
 func queryOf(v url.Values) query {
-	return query{Caller: clip(v.Get("caller"), maxMetaField), Question: clip(v.Get("question"), maxMetaField), Sort: v.Get("sort")}.normalised()
+	return query{Caller: clip(v.Get("caller"), maxMetaField), Question: clip(v.Get("question"), maxQuestionKept),
+		Search: clip(strings.TrimSpace(v.Get("search")), maxMetaField), Sort: v.Get("sort")}.normalised()
 }
 
 // values encodes q for links (only what differs from the defaults).
@@ -236,31 +237,42 @@ func (q query) values() url.Values {
 	if q.Question != "" {
 		v.Set("question", q.Question)
 	}
+	if q.Search != "" {
+		v.Set("search", q.Search)
+	}
 	if q.Sort != sortOldest {
 		v.Set("sort", q.Sort)
 	}
 	return v
 }
 
-const queuePageSize = 100
+// queuePageSize is how many items a queue page lists; maxQueuePage bounds how deep a page
+// number may go (a reviewer narrows the queue with the filters instead: a page that deep
+// would cost a sort of everything before it).
+const (
+	queuePageSize = 100
+	maxQueuePage  = 200
+)
 
 type queueData struct {
-	Query            query
-	Items            []itemMeta
-	Total, Page      int
-	PrevURL, NextURL string
-	First            string // the first item's URL, for "Start reviewing"
-	Ready            bool
+	Query              query
+	Items              []itemMeta
+	Total, Page, Pages int
+	PrevURL, NextURL   string
+	First              string // the first item's URL, for "Start reviewing"
+	Ready              bool
+	Callers, Questions []facet // the filters' choices: the most frequent, and the selected one
+	MaxFacets          int
 }
 
 func (s *Server) queuePage(w http.ResponseWriter, r *http.Request, sess *session) {
 	q := queryOf(r.URL.Query())
-	items := s.idx.pending(q)
 	pageNo, _ := strconv.Atoi(r.URL.Query().Get("page"))
-	pageNo = max(pageNo, 1)
-	from := min((pageNo-1)*queuePageSize, len(items))
-	to := min(from+queuePageSize, len(items))
-	d := queueData{Query: q, Items: items[from:to], Total: len(items), Page: pageNo, Ready: s.Ready()}
+	pageNo = min(max(pageNo, 1), maxQueuePage)
+	items, total := s.idx.page(q, (pageNo-1)*queuePageSize, queuePageSize)
+	d := queueData{Query: q, Items: items, Total: total, Page: pageNo, Ready: s.Ready(), MaxFacets: maxFacets,
+		Pages: min((total+queuePageSize-1)/queuePageSize, maxQueuePage)}
+	d.Callers, d.Questions = s.idx.facets(q)
 	link := func(p int) string {
 		v := q.values()
 		v.Set("page", strconv.Itoa(p))
@@ -269,11 +281,11 @@ func (s *Server) queuePage(w http.ResponseWriter, r *http.Request, sess *session
 	if pageNo > 1 {
 		d.PrevURL = link(pageNo - 1)
 	}
-	if to < len(items) {
+	if pageNo < d.Pages {
 		d.NextURL = link(pageNo + 1)
 	}
-	if len(items) > 0 {
-		d.First = itemURL(items[0].ID, q, nil)
+	if first, ok := s.idx.next(q, ""); ok {
+		d.First = itemURL(first, q, nil)
 	}
 	s.render(w, http.StatusOK, "queue", page{Title: "Review queue", User: sess.User, CSRF: sess.CSRF, Counts: s.idx.counts(sess.User), Data: d})
 }
@@ -305,24 +317,7 @@ func (s *Server) next(w http.ResponseWriter, r *http.Request, sess *session) {
 			extra.Set("delayed", "1")
 		}
 	}
-	pending := s.idx.pending(q)
-	var pick string
-	if cur, _, ok := s.idx.item(after); ok {
-		for _, m := range pending {
-			if m.ID != after && q.compare(m, cur) > 0 {
-				pick = m.ID
-				break
-			}
-		}
-	}
-	if pick == "" {
-		for _, m := range pending {
-			if m.ID != after {
-				pick = m.ID
-				break
-			}
-		}
-	}
+	pick, _ := s.idx.next(q, after)
 	if pick == "" {
 		u := "/"
 		if vv := q.values(); len(vv) > 0 {
@@ -387,8 +382,11 @@ func (s *Server) itemPage(w http.ResponseWriter, r *http.Request, sess *session)
 			}
 		}
 	}
-	s.render(w, http.StatusOK, "item", page{Title: it.Question + " · review", User: sess.User, CSRF: sess.CSRF, Counts: s.idx.counts(sess.User), Data: d})
+	s.render(w, http.StatusOK, "item", page{Title: titleOf(it), User: sess.User, CSRF: sess.CSRF, Counts: s.idx.counts(sess.User), Data: d})
 }
+
+// titleOf is an item page's title: the question's name, cut short (names may be 64 KiB).
+func titleOf(it *contract.ReviewItem) string { return clip(it.Question, 80) + " · review" }
 
 func nonEmpty(s, otherwise string) string {
 	if s == "" {
@@ -546,7 +544,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request, sess *session) {
 	if err != nil {
 		d := s.itemData(sess, it, meta, q)
 		d.Error = "That label does not fit this item: " + err.Error() + "."
-		s.render(w, http.StatusBadRequest, "item", page{Title: it.Question + " · review", User: sess.User, CSRF: sess.CSRF, Counts: s.idx.counts(sess.User), Data: d})
+		s.render(w, http.StatusBadRequest, "item", page{Title: titleOf(it), User: sess.User, CSRF: sess.CSRF, Counts: s.idx.counts(sess.User), Data: d})
 		return
 	}
 	lbl, err := s.lab.submit(r.Context(), it, meta.Token, sess.User, value)
@@ -564,13 +562,13 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request, sess *session) {
 		}
 		d := s.itemData(sess, it, meta, q)
 		d.Labelled, d.Mine = &already.by, already.by.Reviewer == sess.User
-		s.render(w, http.StatusConflict, "item", page{Title: it.Question + " · review", User: sess.User, CSRF: sess.CSRF, Counts: s.idx.counts(sess.User), Data: d})
+		s.render(w, http.StatusConflict, "item", page{Title: titleOf(it), User: sess.User, CSRF: sess.CSRF, Counts: s.idx.counts(sess.User), Data: d})
 		return
 	default:
 		s.log.Error().Err(err).Str("item", id).Msg("saving a label failed")
 		d := s.itemData(sess, it, meta, q)
 		d.Error = "Your label could not be saved (NATS may be unreachable). Nothing was recorded; try again in a moment."
-		s.render(w, http.StatusServiceUnavailable, "item", page{Title: it.Question + " · review", User: sess.User, CSRF: sess.CSRF, Counts: s.idx.counts(sess.User), Data: d})
+		s.render(w, http.StatusServiceUnavailable, "item", page{Title: titleOf(it), User: sess.User, CSRF: sess.CSRF, Counts: s.idx.counts(sess.User), Data: d})
 		return
 	}
 	v := q.values()

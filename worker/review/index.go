@@ -2,6 +2,7 @@ package review
 
 import (
 	"cmp"
+	"container/heap"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,10 +32,15 @@ import (
 // delivers every current entry and then each change, so a label given on one replica leaves
 // every replica's queue at once.
 
-// itemMeta is the part of a review item the queue shows. Its strings are bounded by
-// maxMetaField, so the index's size depends on the number of items, not on their content.
+// itemMeta is the part of a review item the queue shows. Its strings are bounded (run id,
+// caller and model by maxMetaField, the question's name by maxQuestionKept, the reason by
+// maxMetaField), so the index's size depends on the number of items, not on their content;
+// repeated strings (callers, models, reasons, question names) are stored once.
 type itemMeta struct {
 	ID, RunID, Caller, Model, Question string
+	// QuestionClipped: the question's name is longer than the index keeps (Question ends
+	// in "…"); the item page shows it whole.
+	QuestionClipped bool
 	// Token is the token of the item's subject, sys1.review.<token>: its label goes to
 	// sys1.labels.<token>.accepted (topology.ReviewLabelSubject).
 	Token         string
@@ -45,6 +51,9 @@ type itemMeta struct {
 	Reason        string
 	CreatedAt     time.Time
 	Seq           uint64
+	// Legacy: the item is a message of its own, as versions before contract.ReviewRun wrote
+	// them (state copied per question); still shown and labelled like any other.
+	Legacy bool
 }
 
 // labelMeta is one entry of the review bucket: who labelled an item, when, and whether the
@@ -58,7 +67,15 @@ type labelMeta struct {
 	Created    time.Time // when the entry was written (the KV's own clock)
 }
 
-const maxMetaField = 256
+const (
+	maxMetaField = 256
+	// maxQuestionKept is how much of a question's name the index keeps: enough to tell names
+	// apart and show them whole on hover; the contract allows names of up to 64 KiB.
+	maxQuestionKept = 1024
+	// maxInterned bounds the table of shared strings: past it, new strings are kept as they
+	// are (a hostile producer's unique names cannot grow it without bound).
+	maxInterned = 1 << 18
+)
 
 type index struct {
 	log zerolog.Logger
@@ -66,6 +83,13 @@ type index struct {
 	mu       sync.RWMutex
 	items    map[string]*itemMeta
 	labelled map[string]labelMeta
+	// Counts kept as items and labels come and go, so a page never walks the whole queue to
+	// say how long it is: pending items per caller and per question, done items per reviewer.
+	pendingN, doneN int
+	byCaller        map[string]int
+	byQuestion      map[string]int
+	doneBy          map[string]int
+	interned        map[string]string
 
 	labelsLoaded     chan struct{} // closed once the bucket's entries at start are read
 	labelsLoadedOnce sync.Once
@@ -78,25 +102,78 @@ type index struct {
 }
 
 func newIndex(log zerolog.Logger) *index {
-	return &index{log: log, items: map[string]*itemMeta{}, labelled: map[string]labelMeta{}, labelsLoaded: make(chan struct{})}
+	return &index{log: log, items: map[string]*itemMeta{}, labelled: map[string]labelMeta{}, labelsLoaded: make(chan struct{}),
+		byCaller: map[string]int{}, byQuestion: map[string]int{}, doneBy: map[string]int{}, interned: map[string]string{}}
 }
 
 // ready reports whether the index has read the whole stream and bucket as they were at start.
 func (x *index) ready() bool { return x.itemsReady.Load() && x.labelsReady.Load() }
 
+// intern returns the shared copy of s (x.mu held).
+func (x *index) intern(s string) string {
+	if v, ok := x.interned[s]; ok {
+		return v
+	}
+	if len(x.interned) < maxInterned {
+		x.interned[s] = s
+	}
+	return s
+}
+
+// count moves an item into (delta 1) or out of (delta -1) the counts, as pending or as done by
+// the reviewer of l (x.mu held).
+func (x *index) count(m *itemMeta, l *labelMeta, delta int) {
+	if l != nil {
+		x.doneN += delta
+		bump(x.doneBy, l.Reviewer, delta)
+		return
+	}
+	x.pendingN += delta
+	bump(x.byCaller, m.Caller, delta)
+	bump(x.byQuestion, m.Question, delta)
+}
+
+func bump(m map[string]int, k string, delta int) {
+	if n := m[k] + delta; n > 0 {
+		m[k] = n
+	} else {
+		delete(m, k)
+	}
+}
+
+// labelOf is the item's label, if any (x.mu held).
+func (x *index) labelOf(id string) *labelMeta {
+	if l, ok := x.labelled[id]; ok {
+		return &l
+	}
+	return nil
+}
+
 // add records an item (the first copy of an id wins: a republished item keeps its place).
 func (x *index) add(m *itemMeta) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if _, ok := x.items[m.ID]; !ok {
-		x.items[m.ID] = m
+	if _, ok := x.items[m.ID]; ok {
+		return
 	}
+	m.Caller, m.Model, m.Question, m.Reason = x.intern(m.Caller), x.intern(m.Model), x.intern(m.Question), x.intern(m.Reason)
+	x.items[m.ID] = m
+	x.count(m, x.labelOf(m.ID), 1)
 }
 
 // forget drops an item that is no longer on the stream (aged out or deleted).
 func (x *index) forget(id string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.forgetLocked(id)
+}
+
+func (x *index) forgetLocked(id string) {
+	m, ok := x.items[id]
+	if !ok {
+		return
+	}
+	x.count(m, x.labelOf(id), -1)
 	delete(x.items, id)
 }
 
@@ -104,17 +181,34 @@ func (x *index) reset() {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	clear(x.items)
+	x.pendingN, x.doneN = 0, 0
+	clear(x.byCaller)
+	clear(x.byQuestion)
+	clear(x.doneBy)
+	clear(x.interned)
 }
 
 func (x *index) setLabel(id string, l labelMeta) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if m, ok := x.items[id]; ok {
+		x.count(m, x.labelOf(id), -1)
+		x.count(m, &l, 1)
+	}
 	x.labelled[id] = l
 }
 
 func (x *index) unsetLabel(id string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.unsetLabelLocked(id)
+}
+
+func (x *index) unsetLabelLocked(id string) {
+	if m, ok := x.items[id]; ok {
+		x.count(m, x.labelOf(id), -1)
+		x.count(m, nil, 1)
+	}
 	delete(x.labelled, id)
 }
 
@@ -146,9 +240,10 @@ const (
 	sortConfidenceHigh = "-confidence"
 )
 
-// query selects and orders pending items.
+// query selects and orders pending items: an exact caller, an exact question (as the index
+// keeps it), and Search, a piece of the caller's or the question's name, any case.
 type query struct {
-	Caller, Question, Sort string
+	Caller, Question, Search, Sort string
 }
 
 func (q query) normalised() query {
@@ -163,7 +258,7 @@ func (q query) normalised() query {
 // compare orders two items as the queue shows them (q normalised): by age, oldest first, or
 // by confidence with age breaking ties. Items without a confidence sort after those with one,
 // either way.
-func (q query) compare(a, b itemMeta) int {
+func (q query) compare(a, b *itemMeta) int {
 	if q.Sort != sortOldest {
 		if a.HasConfidence != b.HasConfidence {
 			if a.HasConfidence {
@@ -179,26 +274,138 @@ func (q query) compare(a, b itemMeta) int {
 			return c
 		}
 	}
-	return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.Seq, b.Seq))
+	return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.Seq, b.Seq), strings.Compare(a.ID, b.ID))
 }
 
-// pending returns the unlabelled items matching q, in q's order.
-func (x *index) pending(q query) []itemMeta {
+// matcher is q's filter, prepared once per page.
+type matcher struct {
+	q      query
+	search string // lower case
+}
+
+func (q query) matcher() matcher { return matcher{q: q, search: strings.ToLower(q.Search)} }
+
+func (f matcher) match(m *itemMeta) bool {
+	if f.q.Caller != "" && m.Caller != f.q.Caller || f.q.Question != "" && m.Question != f.q.Question {
+		return false
+	}
+	if f.search == "" {
+		return true
+	}
+	return containsFold(m.Question, f.search) || containsFold(m.Caller, f.search)
+}
+
+// containsFold reports whether s contains the lower-case needle, ignoring case, without
+// allocating for ASCII names.
+func containsFold(s, needle string) bool {
+	if len(needle) > len(s) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return strings.Contains(strings.ToLower(s), needle)
+		}
+	}
+	for i := 0; i+len(needle) <= len(s); i++ {
+		ok := true
+		for j := 0; j < len(needle); j++ {
+			c := s[i+j]
+			if c >= 'A' && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != needle[j] {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// page returns the pending items matching q from offset on (at most limit of them), in q's
+// order, and how many match in all. It keeps only offset+limit items while it walks the
+// queue, so the first pages of a queue of 200,000 cost a walk, not a sort.
+func (x *index) page(q query, offset, limit int) ([]itemMeta, int) {
 	q = q.normalised()
+	f := q.matcher()
+	keep := offset + limit
+	h := &metaHeap{q: q}
+	total := 0
 	x.mu.RLock()
-	out := make([]itemMeta, 0, len(x.items))
 	for id, m := range x.items {
-		if _, done := x.labelled[id]; done {
+		if _, done := x.labelled[id]; done || !f.match(m) {
 			continue
 		}
-		if q.Caller != "" && m.Caller != q.Caller || q.Question != "" && m.Question != q.Question {
-			continue
+		total++
+		if len(h.items) < keep {
+			heap.Push(h, m)
+		} else if keep > 0 && q.compare(m, h.items[0]) < 0 {
+			h.items[0] = m
+			heap.Fix(h, 0)
 		}
-		out = append(out, *m)
 	}
 	x.mu.RUnlock()
-	slices.SortFunc(out, q.compare)
-	return out
+	sorted := h.items
+	slices.SortFunc(sorted, q.compare)
+	if offset >= len(sorted) {
+		return nil, total
+	}
+	out := make([]itemMeta, 0, len(sorted)-offset)
+	for _, m := range sorted[offset:] {
+		out = append(out, *m)
+	}
+	return out, total
+}
+
+// metaHeap is a max-heap in q's order: its root is the last of the items kept.
+type metaHeap struct {
+	q     query
+	items []*itemMeta
+}
+
+func (h *metaHeap) Len() int           { return len(h.items) }
+func (h *metaHeap) Less(i, j int) bool { return h.q.compare(h.items[i], h.items[j]) > 0 }
+func (h *metaHeap) Swap(i, j int)      { h.items[i], h.items[j] = h.items[j], h.items[i] }
+func (h *metaHeap) Push(v any)         { h.items = append(h.items, v.(*itemMeta)) }
+func (h *metaHeap) Pop() any {
+	last := h.items[len(h.items)-1]
+	h.items = h.items[:len(h.items)-1]
+	return last
+}
+
+// next returns the pending item after the one named by after in q's order, wrapping around to
+// the first (never after itself): one walk of the queue.
+func (x *index) next(q query, after string) (string, bool) {
+	q = q.normalised()
+	f := q.matcher()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	cur := x.items[after]
+	var first, following *itemMeta
+	for id, m := range x.items {
+		if id == after {
+			continue
+		}
+		if _, done := x.labelled[id]; done || !f.match(m) {
+			continue
+		}
+		if first == nil || q.compare(m, first) < 0 {
+			first = m
+		}
+		if cur != nil && q.compare(m, cur) > 0 && (following == nil || q.compare(m, following) < 0) {
+			following = m
+		}
+	}
+	switch {
+	case following != nil:
+		return following.ID, true
+	case first != nil:
+		return first.ID, true
+	}
+	return "", false
 }
 
 // facet is one value of a filter with its pending count.
@@ -207,42 +414,53 @@ type facet struct {
 	Count int
 }
 
-// counts summarises the queue for the header and the filters.
+// counts summarises the queue for the header.
 type counts struct {
 	Pending, Done, DoneByMe int
-	Callers, Questions      []facet
 	Malformed               int64
 }
+
+// maxFacets is how many values a filter lists: the most frequent (a hostile producer's 100,000
+// question names stay out of the page; the search box finds any of them).
+const maxFacets = 20
 
 func (x *index) counts(me string) counts {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	var c counts
-	callers, questions := map[string]int{}, map[string]int{}
-	for id, m := range x.items {
-		if l, done := x.labelled[id]; done {
-			c.Done++
-			if l.Reviewer == me {
-				c.DoneByMe++
+	return counts{Pending: x.pendingN, Done: x.doneN, DoneByMe: x.doneBy[me], Malformed: x.malformed.Load()}
+}
+
+// facets lists the most frequent pending callers and questions (maxFacets each, by count, then
+// name), each with its count, and the selected values even when they are not among them.
+func (x *index) facets(q query) (callers, questions []facet) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return topFacets(x.byCaller, q.Caller), topFacets(x.byQuestion, q.Question)
+}
+
+func topFacets(m map[string]int, selected string) []facet {
+	better := func(a, b facet) int { return cmp.Or(cmp.Compare(b.Count, a.Count), strings.Compare(a.Value, b.Value)) }
+	top := make([]facet, 0, maxFacets+1)
+	for v, n := range m {
+		f := facet{v, n}
+		if len(top) < maxFacets {
+			top = append(top, f)
+			if len(top) == maxFacets {
+				slices.SortFunc(top, better)
 			}
 			continue
 		}
-		c.Pending++
-		callers[m.Caller]++
-		questions[m.Question]++
+		if better(f, top[maxFacets-1]) < 0 {
+			i, _ := slices.BinarySearchFunc(top, f, better)
+			copy(top[i+1:], top[i:maxFacets-1])
+			top[i] = f
+		}
 	}
-	c.Callers, c.Questions = facets(callers), facets(questions)
-	c.Malformed = x.malformed.Load()
-	return c
-}
-
-func facets(m map[string]int) []facet {
-	out := make([]facet, 0, len(m))
-	for v, n := range m {
-		out = append(out, facet{v, n})
+	slices.SortFunc(top, better)
+	if selected != "" && !slices.ContainsFunc(top, func(f facet) bool { return f.Value == selected }) {
+		top = append(top, facet{selected, m[selected]})
 	}
-	slices.SortFunc(out, func(a, b facet) int { return strings.Compare(a.Value, b.Value) })
-	return out
+	return top
 }
 
 // publishing lists the labels whose entry says they are not on SYS1_LABELS yet.
@@ -270,10 +488,13 @@ func metaOf(it *contract.ReviewItem, subject string, seq uint64) (*itemMeta, err
 	if want := contract.ReviewItemID(it.RunID, it.Question); it.ID != want {
 		return nil, fmt.Errorf("item id %q is not the id of its run and question (%s)", it.ID, want)
 	}
-	for _, f := range []struct{ name, v string }{{"run_id", it.RunID}, {"question", it.Question}, {"model", it.Model}, {"caller", it.Caller}, {"subject", it.Subject}} {
+	for _, f := range []struct{ name, v string }{{"run_id", it.RunID}, {"model", it.Model}, {"caller", it.Caller}, {"subject", it.Subject}} {
 		if len(f.v) > maxMetaField {
 			return nil, fmt.Errorf("%s is %d bytes long (at most %d)", f.name, len(f.v), maxMetaField)
 		}
+	}
+	if len(it.Question) > contract.MaxTextBytes {
+		return nil, fmt.Errorf("question is %d bytes long (no question name is longer than %d)", len(it.Question), contract.MaxTextBytes)
 	}
 	if it.RunID == "" || it.Question == "" {
 		return nil, errors.New("run_id and question must not be empty")
@@ -281,8 +502,9 @@ func metaOf(it *contract.ReviewItem, subject string, seq uint64) (*itemMeta, err
 	if err := checkShape(it); err != nil {
 		return nil, err
 	}
-	m := &itemMeta{ID: it.ID, RunID: it.RunID, Caller: it.Caller, Token: token, Model: it.Model, Question: it.Question,
-		Type: it.Type, Audit: it.Audit || it.Verdict.Audit, Reason: clip(it.Verdict.Reason, maxMetaField),
+	m := &itemMeta{ID: it.ID, RunID: it.RunID, Caller: it.Caller, Token: token, Model: it.Model, Question: clip(it.Question, maxQuestionKept),
+		QuestionClipped: len(it.Question) > maxQuestionKept,
+		Type:            it.Type, Audit: it.Audit || it.Verdict.Audit, Reason: clip(it.Verdict.Reason, maxMetaField),
 		CreatedAt: it.CreatedAt, Seq: seq}
 	if it.Confidence != nil {
 		m.Confidence, m.HasConfidence = *it.Confidence, true
@@ -482,16 +704,35 @@ func (x *index) ingest(msg jetstream.Msg) {
 			x.itemsReady.Store(true)
 		}
 	}()
-	it, err := contract.DecodeReviewItem(msg.Data())
+	x.ingestData(msg.Subject(), seq, msg.Data())
+}
+
+// ingestData indexes the items of one review message: a run's (contract.ReviewRun), or a
+// single item as earlier versions wrote them. Every item must hold up (its caller the
+// subject's, its id its run's and question's), or none of the message is shown.
+func (x *index) ingestData(subject string, seq uint64, data []byte) {
+	rr, legacy, err := contract.DecodeReviewMessage(data)
+	var metas []*itemMeta
 	if err == nil {
-		var m *itemMeta
-		if m, err = metaOf(it, msg.Subject(), seq); err == nil {
-			x.add(m)
-			return
+		items := rr.Expand()
+		for i := range items {
+			m, merr := metaOf(&items[i], subject, seq)
+			if merr != nil {
+				err = merr
+				break
+			}
+			m.Legacy = legacy
+			metas = append(metas, m)
 		}
 	}
+	if err == nil {
+		for _, m := range metas {
+			x.add(m)
+		}
+		return
+	}
 	x.malformed.Add(1)
-	x.log.Warn().Err(err).Uint64("stream_seq", seq).Str("subject", msg.Subject()).Int("bytes", len(msg.Data())).
+	x.log.Warn().Err(err).Uint64("stream_seq", seq).Str("subject", subject).Int("bytes", len(data)).
 		Msg("malformed review item skipped")
 }
 
@@ -532,7 +773,7 @@ func (x *index) watchLabels(ctx context.Context, kv jetstream.KeyValue) error {
 					x.mu.Lock()
 					for id := range x.labelled {
 						if !seen[id] {
-							delete(x.labelled, id)
+							x.unsetLabelLocked(id)
 						}
 					}
 					x.mu.Unlock()
@@ -581,7 +822,7 @@ func (x *index) pruneAged(ctx context.Context, js jetstream.JetStream, stream st
 		x.mu.Lock()
 		for id, m := range x.items {
 			if m.Seq < first {
-				delete(x.items, id)
+				x.forgetLocked(id)
 			}
 		}
 		x.mu.Unlock()

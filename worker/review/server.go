@@ -272,6 +272,8 @@ func parsePages() (map[string]*template.Template, error) {
 		"utc":       func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
 		"itemURL":   func(id string, q query) string { return itemURL(id, q, nil) },
 		"labelText": labelText,
+		// clip cuts a name for display (a name may be 64 KiB); the whole name goes in a title.
+		"clip": func(s string, n int) string { return clip(s, n) },
 	}
 	pages := map[string]*template.Template{}
 	for _, name := range []string{"login", "queue", "item", "message"} {
@@ -390,16 +392,19 @@ func (s *Server) fetch(ctx context.Context, seq uint64, id string) (*contract.Re
 	if err != nil {
 		return nil, nil, err
 	}
-	it, err := contract.DecodeReviewItem(msg.Data)
+	rr, _, err := contract.DecodeReviewMessage(msg.Data)
 	if err != nil {
 		return nil, nil, err
 	}
-	m, err := metaOf(it, msg.Subject, seq)
-	if err != nil {
-		return nil, nil, err
+	for _, it := range rr.Expand() {
+		if it.ID != id {
+			continue
+		}
+		m, err := metaOf(&it, msg.Subject, seq)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &it, m, nil
 	}
-	if it.ID != id {
-		return nil, nil, fmt.Errorf("stream sequence %d holds item %s, not %s", seq, it.ID, id)
-	}
-	return it, m, nil
+	return nil, nil, fmt.Errorf("stream sequence %d holds no item %s", seq, id)
 }
