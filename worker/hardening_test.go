@@ -10,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider"
@@ -164,9 +163,10 @@ func TestReplaysDoNotAppendTheRecordAgain(t *testing.T) {
 	}
 }
 
-// blockRuns makes SYS1_RUNS refuse every new record (full, discarding new) until the
-// returned function lets it take them again: a stand-in for NATS trouble while a run stores
-// its outcome.
+// blockRuns makes SYS1_RUNS unreachable for new records (nothing answers a publish on
+// sys1.runs.>, as while a stream elects a leader) until the returned function lets it take
+// them again: a stand-in for NATS trouble while a run stores its outcome. (A full stream is
+// another matter, with no in-place retries: see bounds_test.go.)
 func (h *harness) blockRuns() (unblock func()) {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -175,16 +175,9 @@ func (h *harness) blockRuns() (unblock func()) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	if info.State.Msgs == 0 {
-		h.t.Fatal("blockRuns needs a record in SYS1_RUNS to be full with")
-	}
-	cfg := info.Config
+	cfg := s.CachedInfo().Config
 	blocked := cfg
-	blocked.MaxMsgs, blocked.Discard = int64(info.State.Msgs), jetstream.DiscardNew
+	blocked.Subjects = []string{"sys1.runs-blocked.>"}
 	if _, err := h.js.UpdateStream(ctx, blocked); err != nil {
 		h.t.Fatal(err)
 	}

@@ -31,7 +31,10 @@ type ReviewConfig struct {
 	TLSKey         string        `env:"SYS1_REVIEW_TLS_KEY"`
 	SessionTTL     time.Duration `env:"SYS1_REVIEW_SESSION_TTL" envDefault:"12h"`
 	StateLimit     int           `env:"SYS1_REVIEW_STATE_LIMIT" envDefault:"65536"`
-	SessionsBucket string        `env:"SYS1_REVIEW_SESSIONS_BUCKET" envDefault:"sys1-review-sessions"`
+	// TrustedProxies are the proxies whose X-Forwarded-For names the client (sign-in
+	// throttling counts by client address); the sessions bucket's name and size are the
+	// topology's (SYS1_REVIEW_SESSIONS_BUCKET, SYS1_REVIEW_SESSIONS_MAX_BYTES).
+	TrustedProxies string `env:"SYS1_REVIEW_TRUSTED_PROXIES"`
 }
 
 // Validate checks every variable, the users file and the certificate included, so a bad
@@ -59,10 +62,8 @@ func (c *ReviewConfig) Validate() []error {
 	if c.StateLimit < 1024 || c.StateLimit > 8<<20 {
 		errs = append(errs, fmt.Errorf("SYS1_REVIEW_STATE_LIMIT: must be between 1024 and %d bytes, got %d", 8<<20, c.StateLimit))
 	}
-	if c.SessionsBucket == "" || strings.ContainsFunc(c.SessionsBucket, func(r rune) bool {
-		return !(r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
-	}) {
-		errs = append(errs, fmt.Errorf("SYS1_REVIEW_SESSIONS_BUCKET: %q is not a valid JetStream name (letters, digits, - and _ only)", c.SessionsBucket))
+	if _, err := review.ParseTrustedProxies(c.TrustedProxies); err != nil {
+		errs = append(errs, fmt.Errorf("SYS1_REVIEW_TRUSTED_PROXIES: %v", err))
 	}
 	return errs
 }
@@ -74,7 +75,8 @@ func reviewUsage(w io.Writer) {
 Serves the review page. Configuration is by environment: SYS1_REVIEW_USERS (htpasswd file,
 bcrypt only; required), SYS1_REVIEW_TLS_CERT and SYS1_REVIEW_TLS_KEY (HTTPS; without them only
 a loopback address may be used), SYS1_REVIEW_SESSION_TTL, SYS1_REVIEW_STATE_LIMIT,
-SYS1_REVIEW_SESSIONS_BUCKET, and the NATS and stream settings (SYS1_NATS_*, SYS1_REVIEW_STREAM,
+SYS1_REVIEW_SESSIONS_BUCKET, SYS1_REVIEW_SESSIONS_MAX_BYTES, SYS1_REVIEW_TRUSTED_PROXIES (the
+proxies whose X-Forwarded-For names the client), and the NATS and stream settings (SYS1_NATS_*, SYS1_REVIEW_STREAM,
 SYS1_LABELS_STREAM, SYS1_REVIEW_BUCKET). See README.md.
 
 flags:
@@ -134,7 +136,8 @@ func runReview(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 	rc := review.DefaultConfig()
 	rc.Addr, rc.TLSCertFile, rc.TLSKeyFile, rc.UsersFile = *addr, cfg.TLSCert, cfg.TLSKey, cfg.UsersFile
-	rc.SessionTTL, rc.StateLimit, rc.SessionsBucket, rc.Topology = cfg.SessionTTL, cfg.StateLimit, cfg.SessionsBucket, topo
+	rc.SessionTTL, rc.StateLimit, rc.SessionsBucket, rc.Topology = cfg.SessionTTL, cfg.StateLimit, topo.ReviewSessionsBucket, topo
+	rc.TrustedProxies, _ = review.ParseTrustedProxies(cfg.TrustedProxies) // validated above
 	rc.MaxItemBytes = max(int(topo.MaxMsgSize), int(nc.NC.MaxPayload()))
 	srv, err := review.New(ctx, nc.JS, rc, log)
 	if err != nil {

@@ -1,17 +1,17 @@
 package review
 
 import (
-	"bytes"
+	"bufio"
 	"crypto/subtle"
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -53,17 +53,19 @@ type page struct {
 	Data   any
 }
 
+// render streams a page to the client as it is executed: a page is never held whole in
+// memory, however long the queue (its size is bounded anyway: a page of items and the filters'
+// most frequent values). The templates are fixed and tested, so a failure half way is a bug:
+// logged, and the page is cut short.
 func (s *Server) render(w http.ResponseWriter, status int, name string, p page) {
-	var buf bytes.Buffer
-	if err := s.pages[name].Execute(&buf, p); err != nil {
-		s.log.Error().Err(err).Str("page", name).Msg("rendering a page failed")
-		http.Error(w, "internal error rendering the page", http.StatusInternalServerError)
-		return
-	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_, _ = w.Write(buf.Bytes())
+	bw := bufio.NewWriterSize(w, 32<<10)
+	if err := s.pages[name].Execute(bw, p); err != nil {
+		s.log.Error().Err(err).Str("page", name).Msg("rendering a page failed; the page was cut short")
+	}
+	_ = bw.Flush()
 }
 
 type messageData struct{ Heading, Text, Back string }
@@ -86,8 +88,11 @@ func (s *Server) withSession(h func(http.ResponseWriter, *http.Request, *session
 		if err == nil {
 			sess, err = s.sessions.get(r.Context(), c.Value)
 		}
-		if err == nil && !s.users.Current().Has(sess.User) {
-			err = errNoSession // removed from the reviewers file since logging in
+		if err == nil && (sess.Hash == "" || sess.Hash != s.users.Current().Fingerprint(sess.User)) {
+			// Removed from the reviewers file since signing in, or given a new password: the
+			// session ends at once, not at its expiry.
+			err = errNoSession
+			_ = s.sessions.end(r.Context(), c.Value)
 		}
 		if err != nil {
 			if !errors.Is(err, errNoSession) && !errors.Is(err, http.ErrNoCookie) {
@@ -126,9 +131,25 @@ type loginData struct {
 	Token, Next, Name, Error string
 }
 
-// localPath keeps a post-login redirect on this site: a path, never "//host" or a URL.
+// localPath keeps a post-login redirect on this site: a plain local path, else "/". Browsers
+// read a Location leniently — they drop tabs and newlines anywhere and take a backslash for a
+// slash — so "/\t/evil.example" or "/\\evil.example" would leave the site as "//evil.example":
+// any control character or backslash refuses the path outright, as does "//" (another host)
+// and anything url.Parse reads a scheme or host in.
 func localPath(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") || strings.ContainsAny(next, "\r\n") {
+	if next == "" || next[0] != '/' || strings.HasPrefix(next, "//") || len(next) > 2048 {
+		return "/"
+	}
+	for i := 0; i < len(next); i++ {
+		if c := next[i]; c < 0x20 || c == 0x7f || c == '\\' {
+			return "/"
+		}
+	}
+	if !utf8.ValidString(next) {
+		return "/"
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || strings.HasPrefix(u.Path, "//") {
 		return "/"
 	}
 	return next
@@ -152,13 +173,7 @@ func (s *Server) showLogin(w http.ResponseWriter, status int, d loginData) {
 	s.render(w, status, "login", page{Title: "Sign in", Data: d})
 }
 
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
+func (s *Server) clientIP(r *http.Request) string { return clientAddr(r, s.cfg.TrustedProxies) }
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
@@ -169,14 +184,21 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	next := localPath(r.PostForm.Get("next"))
 	c, err := r.Cookie(s.loginCookieName())
 	if err != nil || !tokensEqual(r.PostForm.Get("csrf"), c.Value) {
-		s.log.Warn().Str("remote", clientIP(r)).Msg("login without a valid CSRF token refused")
+		s.log.Warn().Str("remote", s.clientIP(r)).Msg("login without a valid CSRF token refused")
 		s.showLogin(w, http.StatusForbidden, loginData{Next: next, Error: "The sign-in form expired or did not come from this page. Please try again."})
 		return
 	}
 	name := clip(r.PostForm.Get("user"), maxNameLen)
 	password := r.PostForm.Get("password")
-	ip := clientIP(r)
-	keys := []string{"user:" + strings.ToLower(name), "ip:" + ip}
+	ip := s.clientIP(r)
+	// Failures count against the name and, apart, the address; a browser the reviewer signed in
+	// with before counts only against itself (device.go).
+	userKey := "user:" + strings.ToLower(name)
+	keys := []string{userKey, "ip:" + ip}
+	device, known := s.deviceOf(r, name)
+	if known {
+		keys = []string{device}
+	}
 	if wait := s.throttle.wait(keys...); wait > 0 {
 		secs := int(math.Ceil(wait.Seconds()))
 		w.Header().Set("Retry-After", strconv.Itoa(secs))
@@ -198,8 +220,13 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		s.showLogin(w, http.StatusUnauthorized, loginData{Next: next, Name: name, Error: "Wrong user name or password."})
 		return
 	}
-	s.throttle.succeed(keys[0])
-	id, _, err := s.sessions.create(r.Context(), name)
+	// A success clears that user's failures (and its device's), not the address's: the
+	// strangers' failures from it are theirs.
+	s.throttle.succeed(userKey)
+	if known {
+		s.throttle.succeed(device)
+	}
+	id, _, err := s.sessions.create(r.Context(), name, s.users.Current().Fingerprint(name))
 	if err != nil {
 		s.log.Error().Err(err).Msg("creating a session failed")
 		s.message(w, r, nil, http.StatusServiceUnavailable, "Unavailable", "Signing in is not possible right now (is NATS reachable?). Try again in a moment.")
@@ -207,6 +234,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	}
 	s.setCookie(w, s.loginCookieName(), "", -1)
 	s.setCookie(w, s.sessionCookieName(), id, s.cfg.SessionTTL)
+	s.setDevice(w, name)
 	s.log.Info().Str("user", name).Str("remote", ip).Msg("reviewer signed in")
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }

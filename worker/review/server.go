@@ -19,6 +19,8 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/netip"
+	"path"
 	"strings"
 	"time"
 
@@ -65,6 +67,10 @@ type Config struct {
 	// StallCheck is how often the item reader is checked for having stopped while the review
 	// stream holds newer items (it is then restarted after the last item read).
 	StallCheck time.Duration
+	// TrustedProxies are the proxies (a TLS terminator, a load balancer) whose
+	// X-Forwarded-For names the client: sign-in throttling counts by the client's address,
+	// not the proxy's (SYS1_REVIEW_TRUSTED_PROXIES).
+	TrustedProxies []netip.Prefix
 }
 
 // DefaultConfig is the configuration with every default in place.
@@ -142,7 +148,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config, log zerolog.Lo
 	if err != nil {
 		return nil, fmt.Errorf("review bucket %s: %w", cfg.Topology.ReviewBucket, err)
 	}
-	skv, err := js.CreateOrUpdateKeyValue(ctx, SessionsBucketConfig(cfg.SessionsBucket, cfg.SessionTTL, cfg.Topology.Replicas))
+	skv, err := js.CreateOrUpdateKeyValue(ctx, SessionsBucketConfig(cfg.SessionsBucket, cfg.SessionTTL, cfg.Topology.Replicas, int64(cfg.Topology.ReviewSessionsMaxBytes)))
 	if err != nil {
 		return nil, fmt.Errorf("sessions bucket %s: %w", cfg.SessionsBucket, err)
 	}
@@ -304,7 +310,10 @@ func ago(t time.Time) string {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(staticFS, "static")
-	mux.Handle("GET /static/", http.StripPrefix("/static/", staticHandler(static)))
+	notFound := func(w http.ResponseWriter, r *http.Request) {
+		s.message(w, r, nil, http.StatusNotFound, "Not found", "There is no page at this address.")
+	}
+	mux.Handle("GET /static/", http.StripPrefix("/static/", staticHandler(static, http.HandlerFunc(notFound))))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.Ready() {
@@ -323,9 +332,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /next", s.withSession(s.next))
 	mux.HandleFunc("GET /items/{id}", s.withSession(s.itemPage))
 	mux.HandleFunc("POST /items/{id}/label", s.withSession(s.submit))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.message(w, r, nil, http.StatusNotFound, "Not found", "There is no page at this address.")
-	})
+	mux.HandleFunc("/", notFound)
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn().Str("path", r.URL.Path).Str("origin", r.Header.Get("Origin")).Msg("cross-origin request refused")
@@ -335,9 +342,15 @@ func (s *Server) Handler() http.Handler {
 }
 
 // staticHandler serves the embedded CSS, script and icon; they change only with the binary.
-func staticHandler(fsys fs.FS) http.Handler {
+// Only files: a directory (/static/ itself) is not listed but not found, like any name that
+// is not one of the files.
+func staticHandler(fsys fs.FS, notFound http.Handler) http.Handler {
 	files := http.FileServerFS(fsys)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if st, err := fs.Stat(fsys, strings.TrimPrefix(path.Clean("/"+r.URL.Path), "/")); err != nil || st.IsDir() {
+			notFound.ServeHTTP(w, r)
+			return
+		}
 		w.Header().Set("Cache-Control", "public, max-age=300")
 		files.ServeHTTP(w, r)
 	})

@@ -26,6 +26,9 @@ type session struct {
 	CSRF    string    `json:"csrf"` // the token every form of this session carries
 	Created time.Time `json:"created"`
 	Expires time.Time `json:"expires"`
+	// Hash is the user's password-hash fingerprint at sign-in (Users.Fingerprint): a session
+	// ends as soon as the reviewers file gives the user another hash.
+	Hash string `json:"hash"`
 }
 
 type sessionStore struct {
@@ -34,11 +37,12 @@ type sessionStore struct {
 	now func() time.Time
 }
 
-// SessionsBucketConfig is the sessions bucket: entries outlive no session.
-func SessionsBucketConfig(bucket string, ttl time.Duration, replicas int) jetstream.KeyValueConfig {
+// SessionsBucketConfig is the sessions bucket: entries outlive no session, and the bucket is
+// bounded (SYS1_REVIEW_SESSIONS_MAX_BYTES; a session is a few hundred bytes).
+func SessionsBucketConfig(bucket string, ttl time.Duration, replicas int, maxBytes int64) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
 		Bucket: bucket, Description: "sys1 review page sessions (key: SHA-256 of the cookie)",
-		History: 1, TTL: ttl, Storage: jetstream.FileStorage, Replicas: replicas,
+		History: 1, TTL: ttl, Storage: jetstream.FileStorage, Replicas: replicas, MaxBytes: maxBytes,
 	}
 }
 
@@ -68,11 +72,12 @@ func sessionKey(id string) string {
 	return "s" + hex.EncodeToString(sum[:])
 }
 
-// create starts a session for user and returns its cookie value.
-func (s *sessionStore) create(ctx context.Context, user string) (string, session, error) {
+// create starts a session for user, whose password hash has fingerprint hash, and returns its
+// cookie value.
+func (s *sessionStore) create(ctx context.Context, user, hash string) (string, session, error) {
 	now := s.now()
 	id := randomToken()
-	sess := session{User: user, CSRF: randomToken(), Created: now, Expires: now.Add(s.ttl)}
+	sess := session{User: user, CSRF: randomToken(), Created: now, Expires: now.Add(s.ttl), Hash: hash}
 	b, _ := json.Marshal(sess)
 	if _, err := s.kv.Create(ctx, sessionKey(id), b); err != nil {
 		return "", session{}, fmt.Errorf("store the session: %w", err)

@@ -2,6 +2,8 @@ package review
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -144,6 +146,28 @@ func (u Users) Verify(name, password string) bool {
 func (u Users) Has(name string) bool {
 	_, ok := u.hashes[name]
 	return ok
+}
+
+// deviceKey is what name's device cookies are signed with: its password hash, so a new
+// password voids them; nil for an unknown name.
+func (u Users) deviceKey(name string) []byte {
+	h, ok := u.hashes[name]
+	if !ok {
+		return nil
+	}
+	return append([]byte("device\x00"), h...)
+}
+
+// Fingerprint identifies name's current password hash without revealing it: a session
+// remembers it, and ends when it changes (a new password, or the user re-created). "" for an
+// unknown name.
+func (u Users) Fingerprint(name string) string {
+	h, ok := u.hashes[name]
+	if !ok {
+		return ""
+	}
+	sum := sha256.Sum256(append([]byte("session\x00"), h...))
+	return hex.EncodeToString(sum[:12])
 }
 
 // Len is the number of users.
