@@ -26,11 +26,11 @@ var stdin io.Reader = os.Stdin
 
 // ReviewConfig is the review page's environment. The listen address is the --http flag.
 type ReviewConfig struct {
-	UsersFile      string        `env:"SYS1_REVIEW_USERS"`
-	TLSCert        string        `env:"SYS1_REVIEW_TLS_CERT"`
-	TLSKey         string        `env:"SYS1_REVIEW_TLS_KEY"`
-	SessionTTL     time.Duration `env:"SYS1_REVIEW_SESSION_TTL" envDefault:"12h"`
-	StateLimit     int           `env:"SYS1_REVIEW_STATE_LIMIT" envDefault:"65536"`
+	UsersFile  string        `env:"SYS1_REVIEW_USERS"`
+	TLSCert    string        `env:"SYS1_REVIEW_TLS_CERT"`
+	TLSKey     string        `env:"SYS1_REVIEW_TLS_KEY"`
+	SessionTTL time.Duration `env:"SYS1_REVIEW_SESSION_TTL" envDefault:"12h"`
+	StateLimit int           `env:"SYS1_REVIEW_STATE_LIMIT" envDefault:"65536"`
 	// TrustedProxies are the proxies whose X-Forwarded-For names the client (sign-in
 	// throttling counts by client address); the sessions bucket's name and size are the
 	// topology's (SYS1_REVIEW_SESSIONS_BUCKET, SYS1_REVIEW_SESSIONS_MAX_BYTES).
