@@ -312,8 +312,13 @@ func (s *Server) queuePage(w http.ResponseWriter, r *http.Request, sess *session
 	if pageNo < d.Pages {
 		d.NextURL = link(pageNo + 1)
 	}
-	if first, ok := s.idx.next(q, ""); ok {
-		d.First = itemURL(first, q, nil)
+	switch {
+	case pageNo == 1 && len(items) > 0:
+		d.First = itemURL(items[0].ID, q, nil)
+	case pageNo > 1:
+		if first, ok := s.idx.next(q, ""); ok {
+			d.First = itemURL(first, q, nil)
+		}
 	}
 	s.render(w, http.StatusOK, "queue", page{Title: "Review queue", User: sess.User, CSRF: sess.CSRF, Counts: s.idx.counts(sess.User), Data: d})
 }

@@ -274,55 +274,106 @@ func (q query) compare(a, b *itemMeta) int {
 			return c
 		}
 	}
-	return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.Seq, b.Seq), strings.Compare(a.ID, b.ID))
+	// Not cmp.Or: it would compute every tie-breaker, ids included, for every comparison.
+	if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Seq, b.Seq); c != 0 {
+		return c
+	}
+	return strings.Compare(a.ID, b.ID) // items of one run's message share its sequence
 }
 
-// matcher is q's filter, prepared once per page.
+// matcher is q's filter, prepared once per page (x.mu held): a search is matched against the
+// distinct pending callers and question names once, not against every item.
 type matcher struct {
-	q      query
-	search string // lower case
+	q              query
+	search         bool
+	names, callers map[string]bool // the pending question names and callers the search finds
 }
 
-func (q query) matcher() matcher { return matcher{q: q, search: strings.ToLower(q.Search)} }
+func (x *index) matcher(q query) matcher {
+	f := matcher{q: q}
+	needle := strings.ToLower(q.Search)
+	if needle == "" {
+		return f
+	}
+	f.search, f.names, f.callers = true, map[string]bool{}, map[string]bool{}
+	for name := range x.byQuestion {
+		if containsFold(name, needle) {
+			f.names[name] = true
+		}
+	}
+	for caller := range x.byCaller {
+		if containsFold(caller, needle) {
+			f.callers[caller] = true
+		}
+	}
+	return f
+}
 
 func (f matcher) match(m *itemMeta) bool {
 	if f.q.Caller != "" && m.Caller != f.q.Caller || f.q.Question != "" && m.Question != f.q.Question {
 		return false
 	}
-	if f.search == "" {
-		return true
-	}
-	return containsFold(m.Question, f.search) || containsFold(m.Caller, f.search)
+	return !f.search || f.names[m.Question] || f.callers[m.Caller]
 }
 
-// containsFold reports whether s contains the lower-case needle, ignoring case, without
-// allocating for ASCII names.
+// containsFold reports whether s contains the lower-case needle, ignoring case. Names are
+// mostly ASCII: there it looks for the needle's first byte (either case) with IndexByte, which
+// is fast, and compares from there, never allocating; other names are lowered first.
 func containsFold(s, needle string) bool {
+	if needle == "" {
+		return true
+	}
 	if len(needle) > len(s) {
 		return false
 	}
-	for i := 0; i < len(s); i++ {
-		if s[i] >= 0x80 {
+	for i := 0; i < len(needle); i++ {
+		if needle[i] >= 0x80 {
 			return strings.Contains(strings.ToLower(s), needle)
 		}
 	}
-	for i := 0; i+len(needle) <= len(s); i++ {
-		ok := true
-		for j := 0; j < len(needle); j++ {
-			c := s[i+j]
-			if c >= 'A' && c <= 'Z' {
-				c += 'a' - 'A'
-			}
-			if c != needle[j] {
-				ok = false
-				break
+	first, other := needle[0], needle[0]
+	if first >= 'a' && first <= 'z' {
+		other = first - ('a' - 'A')
+	}
+	for i := 0; i+len(needle) <= len(s); {
+		j := strings.IndexByte(s[i:len(s)-len(needle)+1], first)
+		if other != first {
+			if k := strings.IndexByte(s[i:len(s)-len(needle)+1], other); k >= 0 && (j < 0 || k < j) {
+				j = k
 			}
 		}
-		if ok {
+		if j < 0 {
+			break
+		}
+		i += j
+		if equalFoldASCII(s[i:i+len(needle)], needle) {
 			return true
+		}
+		i++
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return strings.Contains(strings.ToLower(s), needle) // the name is not ASCII
 		}
 	}
 	return false
+}
+
+// equalFoldASCII reports whether s equals the lower-case needle, ASCII letters in any case.
+func equalFoldASCII(s, needle string) bool {
+	for j := 0; j < len(needle); j++ {
+		c := s[j]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != needle[j] {
+			return false
+		}
+	}
+	return true
 }
 
 // page returns the pending items matching q from offset on (at most limit of them), in q's
@@ -330,11 +381,11 @@ func containsFold(s, needle string) bool {
 // queue, so the first pages of a queue of 200,000 cost a walk, not a sort.
 func (x *index) page(q query, offset, limit int) ([]itemMeta, int) {
 	q = q.normalised()
-	f := q.matcher()
 	keep := offset + limit
 	h := &metaHeap{q: q}
 	total := 0
 	x.mu.RLock()
+	f := x.matcher(q)
 	for id, m := range x.items {
 		if _, done := x.labelled[id]; done || !f.match(m) {
 			continue
@@ -380,9 +431,9 @@ func (h *metaHeap) Pop() any {
 // the first (never after itself): one walk of the queue.
 func (x *index) next(q query, after string) (string, bool) {
 	q = q.normalised()
-	f := q.matcher()
 	x.mu.RLock()
 	defer x.mu.RUnlock()
+	f := x.matcher(q)
 	cur := x.items[after]
 	var first, following *itemMeta
 	for id, m := range x.items {
