@@ -262,4 +262,19 @@ func TestReviewInBrowser(t *testing.T) {
 	if n := len(h.labels()); n != 2 {
 		t.Errorf("%d labels after the refused requests, want 2", n)
 	}
+
+	// A sign-in link whose next is "/<TAB>/evil.example/phish": a browser drops the TAB from a
+	// Location and would read "//evil.example/phish", another site. The page sends it to the
+	// queue instead, and the browser stays here.
+	do("sign out", chromedp.Navigate(h.web.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`form.logout button`)),
+		chromedp.Click(chromedp.CSS(`form.logout button`)), chromedp.WaitVisible(chromedp.ID("user")))
+	do("open the phishing link", chromedp.Navigate(h.web.URL+"/login?next=%2F%09%2Fevil.example%2Fphish"), chromedp.WaitVisible(chromedp.ID("user")))
+	do("sign in from it",
+		chromedp.SendKeys(chromedp.ID("user"), "alice"),
+		chromedp.SendKeys(chromedp.ID("password"), testUsers["alice"]),
+		chromedp.Click(chromedp.CSS(`.login button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.queue-head`)))
+	if loc := location(); !strings.HasPrefix(loc, h.web.URL+"/") || strings.Contains(loc, "evil.example") {
+		t.Errorf("after signing in from a link with a TAB in next the browser is at %s, not on the review page", loc)
+	}
 }
