@@ -284,12 +284,27 @@ func formatUSD(v float64) string {
 }
 
 // nano converts USD to the counters' nano-dollars: exact integers, so sums across replicas and
-// corrections never drift.
+// corrections never drift. Past maxCount it saturates: an absurd figure (a provider reporting
+// 10^30 tokens, a price typo) must spend the budget, never wrap it around to nothing — a float
+// beyond int64 converts to whatever the CPU makes of it, on amd64 the most negative int64.
 func nano(usd float64) int64 {
 	if !(usd > 0) {
 		return 0
 	}
+	if v := usd * 1e9; !(v < maxCount) {
+		return maxCount
+	}
 	return int64(math.Round(usd * 1e9))
+}
+
+// maxCount is where the counters saturate: far above any budget (9.2 billion dollars in
+// nano-dollars, 2^61 tokens), and far enough below int64's end that a sum of two stays exact.
+const maxCount = math.MaxInt64 / 4
+
+// satAdd adds two counter amounts, saturating at 0 and maxCount instead of wrapping.
+func satAdd(a, b int64) int64 {
+	a, b = min(max(a, -maxCount), maxCount), min(max(b, -maxCount), maxCount)
+	return min(max(a+b, 0), maxCount)
 }
 
 // ---- keys and values ----
@@ -364,7 +379,7 @@ func (b *Budget) Admit(ctx context.Context, caller string, rule limits.Rule, est
 	if !rule.Limited() {
 		return Decision{Outcome: Admitted, Ticket: t}, nil
 	}
-	est.InputTokens = max(est.InputTokens, 0)
+	est.InputTokens = min(max(est.InputTokens, 0), maxCount)
 	now := b.now()
 	if rule.InFlight > 0 {
 		d, err := b.takeSlot(ctx, t, now)
@@ -414,8 +429,8 @@ func (b *Budget) charge(ctx context.Context, t *Ticket, est Estimate, now time.T
 		}
 		c.Admitted++
 		c.Decisions++
-		c.Tokens += estTokens
-		c.NanoUSD += estNano
+		c.Tokens = satAdd(c.Tokens, estTokens)
+		c.NanoUSD = satAdd(c.NanoUSD, estNano)
 		return json.Marshal(c)
 	})
 	if errors.Is(err, errContention) {
@@ -451,11 +466,11 @@ func decide(c *dayCounter, caller string, rule limits.Rule, estTokens, estNano i
 			Caller: caller, Rule: rule.Name, Kind: kind, Limit: limit, Used: used, Estimate: est, ResetsAt: resets,
 		}}
 	}
-	if lim := rule.InputTokensPerDay; lim > 0 && (c.Tokens >= lim || c.Tokens+estTokens > lim) {
+	if lim := rule.InputTokensPerDay; lim > 0 && (c.Tokens >= lim || satAdd(c.Tokens, estTokens) > lim) {
 		return over(KindInputTokens, float64(lim), float64(c.Tokens), float64(estTokens))
 	}
 	if rule.USDPerDay > 0 {
-		if lim := nano(rule.USDPerDay); c.NanoUSD >= lim || c.NanoUSD+estNano > lim {
+		if lim := nano(rule.USDPerDay); c.NanoUSD >= lim || satAdd(c.NanoUSD, estNano) > lim {
 			return over(KindUSD, rule.USDPerDay, float64(c.NanoUSD)/1e9, float64(estNano)/1e9)
 		}
 	}
@@ -550,7 +565,7 @@ func (t *Ticket) Settle(ctx context.Context, actual Actual) error {
 	t.mu.Unlock()
 	dTokens, dNano := int64(0), int64(0)
 	if t.rule.InputTokensPerDay > 0 {
-		dTokens = max(actual.InputTokens, 0) - t.estTokens
+		dTokens = min(max(actual.InputTokens, 0), maxCount) - t.estTokens
 	}
 	if t.rule.USDPerDay > 0 && actual.USD != nil {
 		dNano = nano(*actual.USD) - t.estNano
@@ -569,8 +584,8 @@ func (t *Ticket) Settle(ctx context.Context, actual Actual) error {
 		if err := json.Unmarshal(cur, &c); err != nil {
 			return nil, fmt.Errorf("budget: counter %s is unreadable: %w", key, err)
 		}
-		c.Tokens = max(c.Tokens+dTokens, 0)
-		c.NanoUSD = max(c.NanoUSD+dNano, 0)
+		c.Tokens = satAdd(c.Tokens, dTokens)
+		c.NanoUSD = satAdd(c.NanoUSD, dNano)
 		return json.Marshal(c)
 	})
 	if err != nil {

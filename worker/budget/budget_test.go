@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -608,3 +609,40 @@ func TestNewRefusesNoBucket(t *testing.T) {
 		t.Fatal("outcome names")
 	}
 }
+
+// TestAbsurdUsageSpendsTheBudgetInsteadOfWrappingIt: a usage figure past what int64
+// nano-dollars hold (a provider reporting 10^30 tokens, a price typo) saturates the day's
+// counter: the next call is refused. Without saturation the conversion wrapped the counter
+// to nothing and the caller could spend again.
+func TestAbsurdUsageSpendsTheBudgetInsteadOfWrappingIt(t *testing.T) {
+	clk := newClock(time.Date(2026, 12, 1, 18, 30, 0, 0, time.UTC))
+	_, reps := fleet(t, 1, func(_ int, c *Config) { c.Now = clk.Now })
+	b, ctx := reps[0].b, context.Background()
+	rule := limits.Rule{Name: "billing", Caller: "billing", USDPerDay: 5, InputTokensPerDay: 1_000_000}
+	for _, absurd := range []Actual{{USD: ptr(1e12)}, {USD: ptr(math.Inf(1))}, {InputTokens: math.MaxInt64}} {
+		d, err := b.Admit(ctx, "billing", rule, Estimate{USD: 0.01, InputTokens: 10})
+		if err != nil || d.Outcome != Admitted {
+			t.Fatalf("before %+v: %+v %v", absurd, d, err)
+		}
+		if err := d.Ticket.Settle(ctx, absurd); err != nil {
+			t.Fatal(err)
+		}
+		d, err = b.Admit(ctx, "billing", rule, Estimate{USD: 0.001, InputTokens: 1})
+		if err != nil || d.Outcome != Exceeded {
+			t.Fatalf("after an absurd %+v: %+v %v, want the budget spent", absurd, d, err)
+		}
+		c := counter(t, reps[0].kv, "billing", "billing", clk.Now())
+		if c.NanoUSD < 0 || c.Tokens < 0 {
+			t.Fatalf("counter wrapped: %+v", c)
+		}
+		clk.Add(24 * time.Hour) // a new day, a fresh counter
+	}
+	if got := satAdd(math.MaxInt64, math.MaxInt64); got != maxCount {
+		t.Errorf("satAdd saturates at %d", got)
+	}
+	if got := nano(1e300); got != maxCount {
+		t.Errorf("nano(1e300) = %d", got)
+	}
+}
+
+func ptr(f float64) *float64 { return &f }
