@@ -37,19 +37,37 @@ type Output struct {
 	Lines, Errors    int
 }
 
-// CreateOutput starts both files (as .partial, truncating what a killed run left).
+// CreateOutput starts both files as .partial, new: what a killed run left there is removed
+// first, and the files are created with O_EXCL, which follows no symbolic link — a link planted
+// at OUT.partial (pointing at a file the batch's user may write) is removed, never written
+// through. Rename then gives them their names, replacing (not following) whatever is there.
 func CreateOutput(path string) (*Output, error) {
 	o := &Output{Path: path, ErrorsPath: ErrorsPath(path)}
 	var err error
-	if o.res, err = os.Create(o.Path + PartialSuffix); err != nil {
+	if o.res, err = createNew(o.Path + PartialSuffix); err != nil {
 		return nil, fmt.Errorf("create output: %w", err)
 	}
-	if o.errs, err = os.Create(o.ErrorsPath + PartialSuffix); err != nil {
+	if o.errs, err = createNew(o.ErrorsPath + PartialSuffix); err != nil {
 		_ = o.res.Close()
 		return nil, fmt.Errorf("create errors output: %w", err)
 	}
 	o.rw, o.ew = bufio.NewWriterSize(o.res, 256<<10), bufio.NewWriterSize(o.errs, 64<<10)
 	return o, nil
+}
+
+// createNew creates name afresh: anything at name that is not a directory is removed (a
+// symbolic link itself, not its target), then the file is created exclusively, so that if
+// something appears there in between the create fails rather than follow it.
+func createNew(name string) (*os.File, error) {
+	if st, err := os.Lstat(name); err == nil {
+		if st.IsDir() {
+			return nil, fmt.Errorf("%s is a directory", name)
+		}
+		if err := os.Remove(name); err != nil {
+			return nil, fmt.Errorf("remove what an earlier run left: %w", err)
+		}
+	}
+	return os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 }
 
 // write appends one line (without its newline) to the results, and to the errors file unless
