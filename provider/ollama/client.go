@@ -168,7 +168,7 @@ func (c *Client) Evaluate(ctx context.Context, req *contract.Request) (*contract
 	defer cancel()
 	resp, answer, err := c.post(callCtx, body)
 	if err == nil {
-		err = c.checkStatus(resp, answer, req.Model)
+		err = c.checkStatus(resp, req.Model)
 	}
 	var out *contract.Response
 	if err == nil {
@@ -182,7 +182,11 @@ func (c *Client) Evaluate(ctx context.Context, req *contract.Request) (*contract
 	if err != nil {
 		err = c.classify(ctx, callCtx, err)
 	}
-	c.logCall(ctx, resp, len(body), len(answer), time.Since(start), err)
+	var text string
+	if resp != nil && (resp.StatusCode < 200 || resp.StatusCode > 299) {
+		text = upstream.ForLog(c.upstreamText(answer), req)
+	}
+	c.logCall(ctx, resp, len(body), len(answer), time.Since(start), err, text)
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +246,7 @@ func (c *Client) transportError(err error) *contract.Error {
 // content. A success is a debug line; a failure is a warning, because producers are told only
 // the code and a generic message, so this line is where an operator finds which host failed.
 // A logger on ctx (the worker puts the run's there) wins, so the line carries the run_id.
-func (c *Client) logCall(ctx context.Context, resp *http.Response, sent, received int, took time.Duration, err error) {
+func (c *Client) logCall(ctx context.Context, resp *http.Response, sent, received int, took time.Duration, err error, upstreamText string) {
 	log := upstream.Logger(ctx, &c.log)
 	ev := log.Debug()
 	if err != nil {
@@ -274,6 +278,11 @@ func (c *Client) logCall(ctx context.Context, resp *http.Response, sent, receive
 		} else {
 			ev = ev.Str("error", err.Error())
 		}
+	}
+	if upstreamText != "" {
+		// The upstream's own words, redacted, bounded and with the request's content masked:
+		// for the operator only, never in a reply or record.
+		ev = ev.Str("upstream_error", upstreamText)
 	}
 	ev.Msg("ollama call")
 }

@@ -149,8 +149,8 @@ func TestErrorTable(t *testing.T) {
 		inMessage  string
 		retryAfter time.Duration
 	}{
-		{"400 keeps upstream text", ollamatest.Body(400, "application/json", `{"error":"input length exceeds the context length"}`),
-			contract.CodeInvalidRequest, contract.OutcomeError, "input length exceeds the context length", 0},
+		{"400 with upstream text", ollamatest.Body(400, "application/json", `{"error":"input length exceeds the context length"}`),
+			contract.CodeInvalidRequest, contract.OutcomeError, "rejected the request (HTTP 400)", 0},
 		{"404", ollamatest.Status(404), contract.CodeModelUnavailable, contract.OutcomeUnavailable, `model "nimble" is not available`, 0},
 		{"413", ollamatest.Status(413), contract.CodeRequestTooLarge, contract.OutcomeError, "too large", 0},
 		{"429 with seconds", ollamatest.Busy(429, "3"), contract.CodeProviderBusy, contract.OutcomeBusy, "retry after 3s", 3 * time.Second},
@@ -160,10 +160,10 @@ func TestErrorTable(t *testing.T) {
 		{"502", ollamatest.Status(502), contract.CodeUpstreamError, contract.OutcomeError, "HTTP 502", 0},
 		{"504", ollamatest.Status(504), contract.CodeUpstreamError, contract.OutcomeError, "HTTP 504", 0},
 		{"llama-server body", ollamatest.Body(500, "application/json", `{"error":{"code":500,"message":"slot unavailable","type":"server_error"}}`),
-			contract.CodeUpstreamError, contract.OutcomeError, "slot unavailable (server_error, 500)", 0},
+			contract.CodeUpstreamError, contract.OutcomeError, "ollama failed (HTTP 500)", 0},
 		{"fastapi detail", ollamatest.Body(400, "application/json", `{"detail":[{"loc":["body","state"],"msg":"field required","type":"missing"}]}`),
-			contract.CodeInvalidRequest, contract.OutcomeError, "body.state: field required", 0},
-		{"plain text 502", ollamatest.Body(502, "text/html", "<html>Bad Gateway</html>"), contract.CodeUpstreamError, contract.OutcomeError, "<html>Bad Gateway</html>", 0},
+			contract.CodeInvalidRequest, contract.OutcomeError, "rejected the request (HTTP 400)", 0},
+		{"plain text 502", ollamatest.Body(502, "text/html", "<html>Bad Gateway</html>"), contract.CodeUpstreamError, contract.OutcomeError, "ollama failed (HTTP 502)", 0},
 		{"redirect", ollamatest.Redirect(307, "/v1/systemone"), contract.CodeUpstreamError, contract.OutcomeError, "redirect (HTTP 307), which is not followed", 0},
 		{"wrong type", ollamatest.Malformed(ollamatest.MalformedWrongType), contract.CodeUpstreamError, contract.OutcomeMalformed, "breaks the response contract", 0},
 		{"missing answer", ollamatest.Malformed(ollamatest.MalformedMissingAnswer), contract.CodeUpstreamError, contract.OutcomeMalformed, "breaks the response contract", 0},
@@ -219,12 +219,47 @@ func TestRedirectsAreNotFollowedEvenWithACustomHTTPClient(t *testing.T) {
 
 func TestHugeErrorBodyIsBounded(t *testing.T) {
 	srv := ollamatest.New(t)
-	c := newClient(t, srv.URL(), ollama.Config{})
+	var logs bytes.Buffer
+	c := newClient(t, srv.URL(), ollama.Config{}, ollama.WithLogger(zerolog.New(&logs)))
 	srv.Fail(1, ollamatest.Body(400, "text/plain", strings.Repeat("context overflow ", 1<<16)))
 	_, err := c.Evaluate(context.Background(), resolved(t, ordered, ""))
 	e, ok := contract.AsError(err)
-	if !ok || e.Code != contract.CodeInvalidRequest || !strings.Contains(e.Message, "context overflow") || len(e.Message) > 700 {
+	if !ok || e.Code != contract.CodeInvalidRequest || strings.Contains(e.Message, "context overflow") {
 		t.Fatalf("got %d bytes: %.200v", len(err.Error()), err)
+	}
+	if !strings.Contains(logs.String(), "context overflow") || logs.Len() > 2000 {
+		t.Errorf("the log line (%d bytes) does not carry the bounded upstream text", logs.Len())
+	}
+}
+
+// TestUpstreamErrorBodiesGoToTheLogOnly: what an upstream says in a 5xx body (its database's
+// address, its hosts) never reaches the producer: the error names the status, and the
+// operator's log has the text, redacted and bounded — unless it quotes the request, whose
+// content never goes to a log.
+func TestUpstreamErrorBodiesGoToTheLogOnly(t *testing.T) {
+	srv := ollamatest.New(t)
+	var logs bytes.Buffer
+	c := newClient(t, srv.URL(), ollama.Config{}, ollama.WithLogger(zerolog.New(&logs)))
+	leak := "db at 10.1.2.3:5432 secret-host.internal.corp failed"
+	srv.Fail(1, ollamatest.Body(500, "application/json", `{"error":"`+leak+`"}`))
+	_, err := c.Evaluate(context.Background(), resolved(t, ordered, ""))
+	e, ok := contract.AsError(err)
+	if !ok || e.Code != contract.CodeUpstreamError || e.Message != "[SYS1_UPSTREAM_ERROR] ollama failed (HTTP 500)" {
+		t.Fatalf("error %v", err)
+	}
+	if !strings.Contains(logs.String(), `"upstream_error":"`+leak+`"`) || !strings.Contains(logs.String(), `"http_status":500`) {
+		t.Errorf("the log lacks the upstream's text: %s", logs.String())
+	}
+	// A gateway echoing the request body: the text stays out of the log too.
+	logs.Reset()
+	req := resolved(t, ordered, "")
+	echo := string(req.AppendJSON(nil))
+	srv.Fail(1, ollamatest.Body(502, "text/plain", "could not forward "+echo))
+	if _, err := c.Evaluate(context.Background(), req); err == nil || strings.Contains(err.Error(), "forward") {
+		t.Fatalf("error %v", err)
+	}
+	if strings.Contains(logs.String(), string(req.State)[:12]) || !strings.Contains(logs.String(), "could not forward") {
+		t.Errorf("the log carries the echoed request, or not the upstream's own words: %s", logs.String())
 	}
 }
 

@@ -1,6 +1,7 @@
 package ollamatest_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider/ollama"
@@ -160,7 +163,8 @@ func TestCapacityMaxQueueAnswers503LikeOllama(t *testing.T) {
 	awaitQueue(t, srv, "second waiting", func(q ollamatest.QueueStats) bool { return q.Waiting == 1 })
 
 	// The third goes through the real adapter: a 503 is SYS1_PROVIDER_BUSY, retryable.
-	c, err := ollama.New(ollama.Config{BaseURL: srv.URL(), TimeoutMS: "5000"})
+	var logs bytes.Buffer
+	c, err := ollama.New(ollama.Config{BaseURL: srv.URL(), TimeoutMS: "5000"}, ollama.WithLogger(zerolog.New(&logs)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,8 +174,8 @@ func TestCapacityMaxQueueAnswers503LikeOllama(t *testing.T) {
 		t.Fatal(derr)
 	}
 	_, err = c.Evaluate(context.Background(), req)
-	if e, ok := contract.AsError(err); !ok || e.Code != contract.CodeProviderBusy || !strings.Contains(e.Message, "maximum pending requests exceeded") {
-		t.Fatalf("a call beyond the queue: %v, want SYS1_PROVIDER_BUSY with Ollama's text", err)
+	if e, ok := contract.AsError(err); !ok || e.Code != contract.CodeProviderBusy || !strings.Contains(logs.String(), "maximum pending requests exceeded") {
+		t.Fatalf("a call beyond the queue: %v, want SYS1_PROVIDER_BUSY, Ollama's text in the log (%s)", err, logs.String())
 	}
 	if q := srv.Queue(); q.Rejected != 1 || q.Waiting != 1 || q.Serving != 1 {
 		t.Fatalf("stats %+v", q)

@@ -216,7 +216,7 @@ func (c *Client) Evaluate(ctx context.Context, req *contract.Request) (*contract
 	defer cancel()
 	resp, answer, err := c.post(callCtx, body)
 	if err == nil {
-		err = c.checkStatus(resp, answer, req.Model)
+		err = c.checkStatus(resp, req.Model)
 	}
 	var out *contract.Response
 	if err == nil {
@@ -230,7 +230,11 @@ func (c *Client) Evaluate(ctx context.Context, req *contract.Request) (*contract
 	if err != nil {
 		err = c.classify(ctx, callCtx, err)
 	}
-	c.logCall(ctx, resp, len(body), len(answer), time.Since(start), err)
+	var text string
+	if resp != nil && (resp.StatusCode < 200 || resp.StatusCode > 299) {
+		text = upstream.ForLog(c.upstreamText(answer), req)
+	}
+	c.logCall(ctx, resp, len(body), len(answer), time.Since(start), err, text)
 	if err != nil {
 		return nil, err
 	}
@@ -279,29 +283,27 @@ func (c *Client) classify(caller, call context.Context, err error) error {
 	return contract.Wrap(contract.CodeProviderUnavailable, err, "systemone is unavailable: %s", reason)
 }
 
-// checkStatus maps a non-2xx answer to its SPEC §5 code.
-func (c *Client) checkStatus(resp *http.Response, body []byte, model string) error {
+// checkStatus maps a non-2xx answer to its SPEC §5 code. Messages name the provider and the
+// status, never the answer's body: upstream error text (a gateway's internals) reaches only
+// the operator's log (logCall), never the producer's reply.
+func (c *Client) checkStatus(resp *http.Response, model string) error {
 	status := resp.StatusCode
 	if status >= 200 && status <= 299 {
 		return nil
 	}
-	detail := ""
-	if text := c.upstreamText(body); text != "" {
-		detail = ": " + text
-	}
 	switch {
 	case status == http.StatusBadRequest, status == http.StatusUnprocessableEntity:
-		return contract.Errorf(contract.CodeInvalidRequest, "systemone rejected the request (HTTP %d)%s", status, detail)
+		return contract.Errorf(contract.CodeInvalidRequest, "systemone rejected the request (HTTP %d)", status)
 	case status == http.StatusUnauthorized:
-		return contract.Errorf(contract.CodeNotConfigured, "systemone refused the API key (HTTP 401); check %s%s", VarAPIKey, detail)
+		return contract.Errorf(contract.CodeNotConfigured, "systemone refused the API key (HTTP 401); check %s", VarAPIKey)
 	case status == http.StatusForbidden:
-		return contract.Errorf(contract.CodeNotConfigured, "systemone refused access to model %q with this API key (HTTP 403); check %s and %s%s", model, VarAPIKey, VarModels, detail)
+		return contract.Errorf(contract.CodeNotConfigured, "systemone refused access to model %q with this API key (HTTP 403); check %s and %s", model, VarAPIKey, VarModels)
 	case status == http.StatusNotFound:
-		return contract.Errorf(contract.CodeModelUnavailable, "model %q is not available on systemone (HTTP 404)%s", model, detail)
+		return contract.Errorf(contract.CodeModelUnavailable, "model %q is not available on systemone (HTTP 404)", model)
 	case status == http.StatusRequestTimeout:
-		return contract.Errorf(contract.CodeTimeout, "systemone gave up on the request (HTTP 408)%s", detail)
+		return contract.Errorf(contract.CodeTimeout, "systemone gave up on the request (HTTP 408)")
 	case status == http.StatusRequestEntityTooLarge:
-		return contract.Errorf(contract.CodeRequestTooLarge, "systemone refused the request as too large (HTTP 413)%s", detail)
+		return contract.Errorf(contract.CodeRequestTooLarge, "systemone refused the request as too large (HTTP 413)")
 	case status == http.StatusTooManyRequests, status == http.StatusServiceUnavailable, status == 529:
 		// 529 is the "overloaded" status of Anthropic-style hosted APIs, Jev's among them.
 		after := upstream.RetryAfter(resp.Header, c.now())
@@ -309,14 +311,14 @@ func (c *Client) checkStatus(resp *http.Response, body []byte, model string) err
 		if after > 0 {
 			hint = fmt.Sprintf("; retry after %s", after)
 		}
-		e := contract.Errorf(contract.CodeProviderBusy, "systemone is busy (HTTP %d)%s%s", status, detail, hint)
+		e := contract.Errorf(contract.CodeProviderBusy, "systemone is busy (HTTP %d)%s", status, hint)
 		e.RetryAfter = after
 		return e
 	case status >= 300 && status <= 399:
 		// Following would send the key wherever Location says; the base URL is wrong.
 		return contract.Errorf(contract.CodeNotConfigured, "systemone answered with a redirect (HTTP %d), which is not followed; check %s", status, VarBaseURL)
 	default:
-		return contract.Errorf(contract.CodeUpstreamError, "systemone failed (HTTP %d)%s", status, detail)
+		return contract.Errorf(contract.CodeUpstreamError, "systemone failed (HTTP %d)", status)
 	}
 }
 
@@ -328,7 +330,7 @@ func (c *Client) upstreamText(body []byte) string {
 
 // logCall writes one line per call, with the host: debug on success, a warning on failure.
 // No content, no key, no upstream text (a gateway can echo the request in its error body).
-func (c *Client) logCall(ctx context.Context, resp *http.Response, sent, received int, took time.Duration, err error) {
+func (c *Client) logCall(ctx context.Context, resp *http.Response, sent, received int, took time.Duration, err error, upstreamText string) {
 	log := upstream.Logger(ctx, &c.log)
 	ev := log.Debug()
 	if _, ok := contract.AsError(err); ok {
@@ -353,6 +355,11 @@ func (c *Client) logCall(ctx context.Context, resp *http.Response, sent, receive
 		} else {
 			ev = ev.Str("error", err.Error())
 		}
+	}
+	if upstreamText != "" {
+		// The upstream's own words, redacted, bounded and with the request's content masked:
+		// for the operator only, never in a reply or record.
+		ev = ev.Str("upstream_error", upstreamText)
 	}
 	ev.Msg("systemone call")
 }

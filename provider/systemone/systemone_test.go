@@ -99,20 +99,20 @@ func TestErrorTable(t *testing.T) {
 		inMessage  string
 		retryAfter time.Duration
 	}{
-		{"400", systemonetest.Status(400), contract.CodeInvalidRequest, contract.OutcomeError, "rejected the request (HTTP 400): malformed request body (invalid_request_error)", 0},
-		{"422", systemonetest.Status(422), contract.CodeInvalidRequest, contract.OutcomeError, "(HTTP 422): questions.q: a score needs at least two levels", 0},
-		{"401", systemonetest.Unauthorized(), contract.CodeNotConfigured, contract.OutcomeUnavailable, "refused the API key (HTTP 401); check SYS1_SYSTEMONE_API_KEY: invalid API key", 0},
+		{"400", systemonetest.Status(400), contract.CodeInvalidRequest, contract.OutcomeError, "rejected the request (HTTP 400)", 0},
+		{"422", systemonetest.Status(422), contract.CodeInvalidRequest, contract.OutcomeError, "rejected the request (HTTP 422)", 0},
+		{"401", systemonetest.Unauthorized(), contract.CodeNotConfigured, contract.OutcomeUnavailable, "refused the API key (HTTP 401); check SYS1_SYSTEMONE_API_KEY", 0},
 		{"403", systemonetest.Forbidden(), contract.CodeNotConfigured, contract.OutcomeUnavailable, `refused access to model "jev-1.13.0" with this API key (HTTP 403); check SYS1_SYSTEMONE_API_KEY and SYS1_SYSTEMONE_MODELS`, 0},
 		{"404", systemonetest.Status(404), contract.CodeModelUnavailable, contract.OutcomeUnavailable, `model "jev-1.13.0" is not available on systemone (HTTP 404)`, 0},
 		{"408", systemonetest.Status(408), contract.CodeTimeout, contract.OutcomeTimeout, "gave up on the request (HTTP 408)", 0},
 		{"413", systemonetest.Status(413), contract.CodeRequestTooLarge, contract.OutcomeError, "too large (HTTP 413)", 0},
-		{"429 with seconds", systemonetest.Busy(429, "3"), contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 429): rate limit exceeded for this API key (rate_limit_error); retry after 3s", 3 * time.Second},
+		{"429 with seconds", systemonetest.Busy(429, "3"), contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 429); retry after 3s", 3 * time.Second},
 		{"429 with retry-after-ms", systemonetest.BusyMS(429, "1500", "2"), contract.CodeProviderBusy, contract.OutcomeBusy, "retry after 1.5s", 1500 * time.Millisecond},
 		{"429 without hint", systemonetest.Busy(429, ""), contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 429)", 0},
 		{"503 with a past date", systemonetest.Busy(503, past), contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 503)", 0},
-		{"529 overloaded", systemonetest.Busy(529, "7"), contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 529): overloaded (overloaded_error); retry after 7s", 7 * time.Second},
-		{"500", systemonetest.Status(500), contract.CodeUpstreamError, contract.OutcomeError, "failed (HTTP 500): internal server error (api_error)", 0},
-		{"502 html", systemonetest.Body(502, "text/html", "<html>Bad Gateway</html>"), contract.CodeUpstreamError, contract.OutcomeError, "failed (HTTP 502): <html>Bad Gateway</html>", 0},
+		{"529 overloaded", systemonetest.Busy(529, "7"), contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 529); retry after 7s", 7 * time.Second},
+		{"500", systemonetest.Status(500), contract.CodeUpstreamError, contract.OutcomeError, "failed (HTTP 500)", 0},
+		{"502 html", systemonetest.Body(502, "text/html", "<html>Bad Gateway</html>"), contract.CodeUpstreamError, contract.OutcomeError, "failed (HTTP 502)", 0},
 		{"504", systemonetest.Status(504), contract.CodeUpstreamError, contract.OutcomeError, "HTTP 504", 0},
 		{"another 4xx", systemonetest.Status(418), contract.CodeUpstreamError, contract.OutcomeError, "HTTP 418", 0},
 		{"redirect 307", systemonetest.Redirect(307, "/v1/systemone"), contract.CodeNotConfigured, contract.OutcomeUnavailable, "redirect (HTTP 307), which is not followed; check SYS1_SYSTEMONE_BASE_URL", 0},
@@ -170,8 +170,8 @@ func TestTheServersOwnRefusals(t *testing.T) {
 	req := resolved(t, ordered)
 	req.Model = "unknown-model"
 	_, err := c.Evaluate(context.Background(), req)
-	if e, ok := contract.AsError(err); !ok || e.Code != contract.CodeModelUnavailable || !strings.Contains(e.Message, "model 'unknown-model' not found") {
-		t.Fatalf("unknown model: %v", err)
+	if e, ok := contract.AsError(err); !ok || e.Code != contract.CodeModelUnavailable || !strings.Contains(e.Message, `model "unknown-model" is not available`) || strings.Contains(e.Message, "not found") {
+		t.Fatalf("unknown model: %v (the upstream's own text stays in the log)", err)
 	}
 	bad := resolved(t, ordered)
 	bad.Questions[1].Levels = bad.Questions[1].Levels[:1] // a score with one level

@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/sys1hq/sys1/contract"
 )
 
 // MaxText bounds the upstream text kept in an error message.
@@ -196,3 +198,59 @@ func ParseRetryAfter(v string, now time.Time) time.Duration {
 	}
 	return min(d, MaxRetryAfter)
 }
+
+// ForLog is upstream error text as the operator's log keeps it: Text's redacted, bounded
+// line, with every word of the request's content masked. A proxy or gateway may quote the body
+// it could not forward, and a request's state, instructions and options never reach a log: a
+// word of theirs (three characters or more) in the text becomes "…". Producers never see
+// upstream text at all; their error names the status (see the adapters' checkStatus).
+func ForLog(text string, req *contract.Request) string {
+	if text == "" || req == nil {
+		return text
+	}
+	words := map[string]struct{}{}
+	add := func(b []byte) {
+		for _, w := range bytes.FieldsFunc(b, notWordRune) {
+			if utf8.RuneCount(w) >= 3 {
+				words[string(w)] = struct{}{}
+			}
+		}
+	}
+	add(req.State)
+	for _, q := range req.Questions {
+		add(q.Instructions)
+		for _, o := range q.Options {
+			add([]byte(o.Key))
+			if o.Description != nil {
+				add([]byte(*o.Description))
+			}
+		}
+		for _, l := range q.Levels {
+			add([]byte(l))
+		}
+	}
+	var b strings.Builder
+	rest := text
+	for rest != "" {
+		i := strings.IndexFunc(rest, func(r rune) bool { return !notWordRune(r) })
+		if i < 0 {
+			b.WriteString(rest)
+			break
+		}
+		b.WriteString(rest[:i])
+		rest = rest[i:]
+		j := strings.IndexFunc(rest, notWordRune)
+		if j < 0 {
+			j = len(rest)
+		}
+		if _, secret := words[rest[:j]]; secret {
+			b.WriteString("…")
+		} else {
+			b.WriteString(rest[:j])
+		}
+		rest = rest[j:]
+	}
+	return b.String()
+}
+
+func notWordRune(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsDigit(r) }
