@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/worker"
@@ -89,7 +91,7 @@ func runPause(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			continue // no batch consumer yet: nothing to pause
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "sys1 pause: %v (consumer pause needs nats-server 2.11 or later)\n", err)
+			fmt.Fprintf(stderr, "sys1 pause: %s\n", consumerAPIError(conn.NC, err, "pause"))
 			return exitFailed
 		}
 		if *forD == 0 && *until == "" {
@@ -127,7 +129,7 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			continue
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "sys1 resume: %v\n", err)
+			fmt.Fprintf(stderr, "sys1 resume: %s\n", consumerAPIError(conn.NC, err, "resume"))
 			return exitFailed
 		}
 		fmt.Fprintf(stdout, "resumed %s\n", name)
@@ -140,4 +142,21 @@ func pausedConsumers(topo topology.Config, batchOnly bool) []string {
 		return []string{topo.BatchConsumer}
 	}
 	return []string{topo.WorkerConsumer, topo.BatchConsumer}
+}
+
+// consumerAPIError says why pausing or resuming a consumer failed, in an operator's words. A
+// NATS user without the permission gets no answer at all — the server refuses the request
+// with an asynchronous "Permissions Violation" and the call times out — so the connection's
+// last error is what tells a refusal from a server too old for consumer pause (2.11+, which
+// leaves the pause request unanswered: no responders).
+func consumerAPIError(nc *nats.Conn, err error, what string) string {
+	_ = nc.FlushTimeout(time.Second) // the refusal, if any, arrives before the flush's answer
+	if last := nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), "$JS.API.") {
+		return fmt.Sprintf("permission denied: this NATS user may not %s the shared consumers (%v); sys1 pause and sys1 resume need an operator's NATS user, allowed $JS.API.CONSUMER.INFO, $JS.API.CONSUMER.UPDATE and $JS.API.CONSUMER.PAUSE on %s (README, Security)",
+			what, last, topology.Default().RequestsStream)
+	}
+	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {
+		return fmt.Sprintf("%v (nothing answered: consumer pause needs nats-server 2.11 or later)", err)
+	}
+	return err.Error()
 }

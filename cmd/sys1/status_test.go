@@ -58,7 +58,10 @@ func startEmbeddedWorker(t *testing.T, extraEnv ...string) *natstest.Buffer {
 
 func runCmd(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	var out, errOut bytes.Buffer
+	// stderr is safe for concurrent writes: a command's NATS connection reports asynchronous
+	// errors (a permission refused) from its own goroutine while the command writes too.
+	var out bytes.Buffer
+	var errOut natstest.Buffer
 	code := run(context.Background(), args, &out, &errOut)
 	return code, out.String(), errOut.String()
 }
