@@ -29,7 +29,9 @@ const decideUsage = `usage: sys1 decide [flags] [FILE|-]
 Publishes one System One request (FILE, or standard input for - or no argument) to
 sys1.decide.<caller>, waits for the reply and prints it as JSON.
 
-Exit status: 0 success, 1 failed (the reply's error is printed), 2 usage or connection error.
+Exit status: 0 success, 1 failed (the reply's error is printed) or refused by JetStream
+(nothing was stored: the caller already has SYS1_REQUESTS_MAX_PER_CALLER requests waiting,
+or the request stream is full), 2 usage or connection error.
 
 Connection: SYS1_NATS_URL (default nats://127.0.0.1:4222, the embedded server of
 'sys1 worker'), with SYS1_NATS_CREDS, SYS1_NATS_NKEY, SYS1_NATS_USER/SYS1_NATS_PASSWORD,
@@ -129,7 +131,7 @@ func runDecide(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		id, err := cl.Publish(ctx, req)
 		if err != nil {
 			fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
-			return exitUsage
+			return publishExit(err)
 		}
 		fmt.Fprintln(stdout, id)
 		return exitOK
@@ -141,7 +143,7 @@ func runDecide(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		} else {
 			fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
 		}
-		return exitUsage
+		return publishExit(err)
 	}
 	if err := printJSON(stdout, reply.Raw); err != nil {
 		fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
@@ -150,6 +152,16 @@ func runDecide(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitFailed
 	}
 	return exitOK
+}
+
+// publishExit is the exit status of a request that got no reply: 1 when JetStream refused it
+// for the caller's quota or a full stream (the run was refused, as a failed run is), 2 for
+// usage and connection trouble.
+func publishExit(err error) int {
+	if errors.Is(err, client.ErrQuotaExceeded) || errors.Is(err, client.ErrStreamFull) {
+		return exitFailed
+	}
+	return exitUsage
 }
 
 // traceFromEnv joins the trace the environment names (TRACEPARENT, TRACESTATE: the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -278,5 +279,42 @@ func TestDecideSendsTraceparent(t *testing.T) {
 			// The command records no span of its own: the run is the caller's span's child.
 			t.Errorf("sent %q, want the caller's traceparent %q as is", tp, parent)
 		}
+	}
+}
+
+// TestDecideExplainsARefusal: when JetStream refuses the request — the caller already has its
+// SYS1_REQUESTS_MAX_PER_CALLER requests waiting, or the stream is full — sys1 decide says so
+// in words, names the variable, and exits 1: the request was refused, not mistyped.
+func TestDecideExplainsARefusal(t *testing.T) {
+	ticket := filepath.Join("..", "..", "contract", "examples", "ticket.json")
+	srv := natstest.Start(t)
+	_, js := natstest.Connect(t, srv)
+	topo := topology.Default()
+	topo.RequestsPerCaller = 1
+	topo.MaxMsgSize = 64 << 10
+	topo.RequestsMaxBytes = 64 << 10
+	if _, err := topology.Ensure(context.Background(), js, topo); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SYS1_NATS_URL", srv.ClientURL())
+	if code, _, errOut := decide(t, "--no-wait", "--caller", "cli", ticket); code != exitOK {
+		t.Fatalf("the first request: exit %d %s", code, errOut)
+	}
+	code, _, errOut := decide(t, "--no-wait", "--caller", "cli", ticket)
+	if code != exitFailed || !strings.Contains(errOut, "refused: this caller already has as many requests waiting as its quota allows (SYS1_REQUESTS_MAX_PER_CALLER)") {
+		t.Errorf("over the quota: exit %d, %s", code, errOut)
+	}
+	// Another caller fills the stream's bytes: the next one is told the stream is full.
+	for i, size := range []int{20 << 10, 20 << 10, 20 << 10, 1 << 10, 1 << 10, 1 << 10, 1 << 10} {
+		_, _ = js.Publish(context.Background(), fmt.Sprintf("sys1.decide.filler%d", i), bytes.Repeat([]byte("x"), size))
+	}
+	for i := 0; i < 200; i++ { // what is left, in small pieces
+		if _, err := js.Publish(context.Background(), fmt.Sprintf("sys1.decide.crumb%d", i), []byte("x")); err != nil {
+			break
+		}
+	}
+	code, _, errOut = decide(t, "--timeout", "5s", "--caller", "other", ticket)
+	if code != exitFailed || !strings.Contains(errOut, "refused: the request stream is full (SYS1_REQUESTS_MAX_BYTES") {
+		t.Errorf("stream full: exit %d, %s", code, errOut)
 	}
 }
