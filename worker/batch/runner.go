@@ -530,7 +530,13 @@ func (r *runner) publish(ctx context.Context, m *nats.Msg) error {
 		if last := r.nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), `"`+m.Subject+`"`) {
 			return &fatalError{fmt.Errorf("NATS refuses this user's publishes to %s (%v): check --caller; a producer may publish only its own sys1.batch.<user>.*", m.Subject, last)}
 		}
-		if attempt%10 == 0 {
+		switch refusal := topology.Refused(err); {
+		case refusal != topology.NotRefused && attempt%10 == 1:
+			// The stream has no room for this batch now (its quota per batch subject,
+			// SYS1_REQUESTS_MAX_PER_CALLER, or SYS1_REQUESTS full): wait for the workers to
+			// drain it, as back-pressure, rather than fail the batch.
+			r.cfg.Warn(fmt.Sprintf("the request stream refuses %s for now (%s: %v); waiting for room and retrying", m.Subject, refusal, err))
+		case refusal == topology.NotRefused && attempt%10 == 0:
 			r.cfg.Warn(fmt.Sprintf("publishing to %s keeps failing (%v); retrying", m.Subject, err))
 		}
 		t := time.NewTimer(wait)
