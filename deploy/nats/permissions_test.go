@@ -145,6 +145,23 @@ func TestPermissionsFromDeployConfig(t *testing.T) {
 		t.Fatalf("worker: remove a request message: %v, want JetStream's answer that there is none", err)
 	}
 
+	// The fleet watcher reads every stream's and bucket's size (sys1_worker_stream_bytes):
+	// each lookup is answered (found, or not yet created), none refused (a refusal times out).
+	for _, name := range []string{cfg.RequestsStream, cfg.RunsStream, cfg.RepliesStream, cfg.ReviewStream, cfg.LabelsStream,
+		cfg.LabelSubmissionsStream, cfg.DeadLetterStream, topology.KVStream(cfg.RunsBucket), topology.KVStream(cfg.ReviewBucket),
+		topology.KVStream(cfg.CalibrationBucket), topology.KVStream(cfg.CacheBucket), topology.KVStream(cfg.LimitsBucket),
+		topology.KVStream(cfg.ReviewSessionsBucket)} {
+		st, err := wconn.JS.Stream(ctxT(t, 3*time.Second), name)
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Fatalf("worker: the size of %s: %v", name, err)
+		}
+		if st != nil && name == cfg.RequestsStream {
+			if _, err := st.Info(ctxT(t, 3*time.Second), jetstream.WithSubjectFilter("sys1.decide.*.>")); err != nil {
+				t.Fatalf("worker: per-subject counts of %s: %v", name, err)
+			}
+		}
+	}
+
 	svcA := connect(t, s, "svc-a")
 	svcB := connect(t, s, "svc-b")
 	worker := connect(t, s, "sys1-worker")
