@@ -268,6 +268,9 @@ type EmbeddedOptions struct {
 	ReadyTimeout time.Duration
 }
 
+// embeddedMaxStore is the embedded server's JetStream storage limit (see StartEmbedded).
+const embeddedMaxStore = 1 << 40
+
 // StartEmbedded starts an in-process nats-server with JetStream and waits until it accepts
 // clients. The caller owns it: Shutdown, then WaitForShutdown.
 func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
@@ -288,6 +291,13 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 	opts.Port = o.Port
 	opts.JetStream = true
 	opts.StoreDir = o.StoreDir
+	if o.ConfigFile == "" && opts.JetStreamMaxStore == 0 {
+		// By default nats-server may reserve three quarters of the disk's free space for
+		// stream limits, and sys1's limits add up to 23.7 GiB: a development machine with
+		// less free disk would refuse to create the streams. The limits still bound what
+		// sys1 stores; this only stops the reservation from failing.
+		opts.JetStreamMaxStore = embeddedMaxStore
+	}
 	opts.NoSigs = true // the component handles signals and shuts the server down itself
 	opts.HTTPPort = 0
 	if o.ConfigFile == "" || o.MaxPayload > 0 {

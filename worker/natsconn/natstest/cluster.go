@@ -149,7 +149,7 @@ func (c *Cluster) Restart(i int) {
 	}
 	opts := &server.Options{
 		ServerName: n.name, Host: "127.0.0.1", Port: n.port,
-		JetStream: true, StoreDir: n.storeDir, NoLog: true, NoSigs: true,
+		JetStream: true, StoreDir: n.storeDir, NoLog: true, NoSigs: true, JetStreamMaxStore: 1 << 40, // see Start
 		Cluster: server.ClusterOpts{Name: ClusterName, Host: "127.0.0.1", Port: n.clusterPort},
 		Routes:  server.RoutesFromStr(strings.Join(routes, ",")),
 	}

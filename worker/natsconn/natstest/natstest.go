@@ -21,6 +21,9 @@ func Start(tb testing.TB, configure ...func(*server.Options)) *server.Server {
 	opts := &server.Options{
 		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: tb.TempDir(),
 		NoLog: true, NoSigs: true,
+		// Room to reserve sys1's stream limits (23.7 GiB) whatever the disk's free space: by
+		// default a server reserves at most three quarters of it, and tests store megabytes.
+		JetStreamMaxStore: 1 << 40,
 	}
 	for _, c := range configure {
 		c(opts)

@@ -74,7 +74,7 @@ func StartProcessCluster(tb testing.TB, bin string, n int, extraConf string) *Pr
 		conf := fmt.Sprintf(`server_name: %s
 listen: 127.0.0.1:%d
 http: 127.0.0.1:%d
-jetstream { store_dir: %q }
+jetstream { store_dir: %q, max_file_store: 1TB }
 cluster {
   name: %s
   listen: 127.0.0.1:%d
