@@ -65,7 +65,9 @@ func newEnv(tb testing.TB, mutate func(*Config)) *testEnv {
 	if err := topology.EnsureRunsStream(ctx, js, topo); err != nil {
 		tb.Fatal(err)
 	}
-	if err := topology.EnsureLabelsStream(ctx, js, topo); err != nil {
+	// SYS1_LABELS, and SYS1_LABEL_SUBMISSIONS, where producers' submissions wait for the
+	// workers (the sink never reads them).
+	if err := topology.EnsureLabelSubmissionsStream(ctx, js, topo); err != nil {
 		tb.Fatal(err)
 	}
 	return &testEnv{srv: srv, js: js, db: db, cfg: cfg, topo: topo}

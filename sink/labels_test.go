@@ -27,8 +27,8 @@ func (e *testEnv) labelsDrained(tb testing.TB) bool {
 
 // TestLabelSinkStoresLabelsAndParksTheRest: accepted labels land in sys1.labels (the latest per
 // run and question under FINAL), rejected ones and everything that cannot be a label are
-// parked in the dead-letter table with their reason, submissions awaiting their check are left
-// to the workers, and nothing is lost or stalls the lane.
+// parked in the dead-letter table with their reason, submissions awaiting their check (on
+// SYS1_LABEL_SUBMISSIONS) are left to the workers, and nothing is lost or stalls the lane.
 func TestLabelSinkStoresLabelsAndParksTheRest(t *testing.T) {
 	e := newEnv(t, nil)
 	labels := makeLabels(60)
@@ -112,14 +112,15 @@ func TestLabelSinkStoresLabelsAndParksTheRest(t *testing.T) {
 	if len(got) != 4 {
 		t.Errorf("dead letters %q, want 4", got)
 	}
-	// The submission still waits on SYS1_LABELS for the workers: the sink never took it.
+	// The submission still waits on SYS1_LABEL_SUBMISSIONS for the workers: the sink never
+	// took it.
 	ctx := context.Background()
-	stream, err := e.js.Stream(ctx, e.topo.LabelsStream)
+	stream, err := e.js.Stream(ctx, e.topo.LabelSubmissionsStream)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := stream.GetLastMsgForSubject(ctx, "sys1.labels.billing"); err != nil {
-		t.Errorf("the unchecked submission is gone from SYS1_LABELS: %v", err)
+		t.Errorf("the unchecked submission is gone from SYS1_LABEL_SUBMISSIONS: %v", err)
 	}
 	cons, err := e.js.Consumer(ctx, e.topo.LabelsStream, e.topo.SinkLabelsConsumer)
 	if err != nil {

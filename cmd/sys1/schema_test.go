@@ -24,11 +24,12 @@ func TestSchemaCommand(t *testing.T) {
 		{name: "reply", args: []string{"reply"}, code: exitOK, wantID: contract.SchemaID("reply")},
 		{name: "record", args: []string{"record"}, code: exitOK, wantID: contract.SchemaID("record")},
 		{name: "review item", args: []string{"review-item"}, code: exitOK, wantID: contract.SchemaID("review-item")},
+		{name: "review message", args: []string{"review-run"}, code: exitOK, wantID: contract.SchemaID("review-run")},
 		{name: "label", args: []string{"label"}, code: exitOK, wantID: contract.SchemaID("label")},
 		{name: "label reply", args: []string{"label-reply"}, code: exitOK, wantID: contract.SchemaID("label-reply")},
 		{name: "label rejection", args: []string{"label-rejection"}, code: exitOK, wantID: contract.SchemaID("label-rejection")},
 		{name: "unknown", args: []string{"answer"}, code: exitUsage, stderr: `unknown schema "answer"`},
-		{name: "too many", args: []string{"request", "reply"}, code: exitUsage, stderr: "usage: sys1 schema [request|reply|record|review-item|label|label-reply|label-rejection|health|capabilities]"},
+		{name: "too many", args: []string{"request", "reply"}, code: exitUsage, stderr: "usage: sys1 schema [request|reply|record|review-item|review-run|label|label-reply|label-rejection|health|capabilities]"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

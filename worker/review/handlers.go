@@ -468,6 +468,12 @@ func (s *Server) loadItem(w http.ResponseWriter, r *http.Request, sess *session,
 	it, fetched, err := s.fetch(r.Context(), seq, id)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			if l, ok := s.idx.label(id); ok {
+				// Labelled, with every question of its run: the message left the stream.
+				s.message(w, r, sess, http.StatusConflict, "Already labelled",
+					fmt.Sprintf("Already labelled by %s at %s as %s.", l.Reviewer, l.LabelledAt.UTC().Format("2006-01-02 15:04:05 UTC"), labelText(l.Value)))
+				return nil, itemMeta{}, false
+			}
 			s.idx.forget(id)
 			s.message(w, r, sess, http.StatusNotFound, "No such item", "This item is no longer on the review stream (it aged out or was deleted).")
 			return nil, itemMeta{}, false

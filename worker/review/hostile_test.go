@@ -276,3 +276,55 @@ func TestReviewShowsARunsMessageAndEarlierItems(t *testing.T) {
 	}
 	_ = context.Background()
 }
+
+// TestReviewLabelledMessagesLeaveTheStream: once every item of a run's review message is
+// labelled and published, the message leaves SYS1_REVIEW — the caller's review quota counts
+// what is pending — and a reviewer who had one of its items open is told who labelled it.
+func TestReviewLabelledMessagesLeaveTheStream(t *testing.T) {
+	h := newHarness(t, harnessOpts{configure: func(c *Config) { c.PruneEvery = 50 * time.Millisecond }})
+	first := ticketItem("run-done")
+	second := ticketItem("run-done")
+	second.Question, second.ID = "urgent", contract.ReviewItemID("run-done", "urgent")
+	second.Type, second.Options, second.Probabilities, second.Choice = contract.TypeNoul, nil, nil, ""
+	rr := contract.ReviewRun{RunID: "run-done", Caller: "billing", Provider: "ollama", Model: "nimble", State: first.State,
+		Images: []contract.ImageRef{}, CreatedAt: first.CreatedAt, Items: []contract.ReviewItem{first, second}}
+	b, _ := rr.MarshalJSON()
+	seq := h.publishRaw(topology.ReviewPrefix+"billing", b)
+	other := ticketItem("run-pending")
+	h.publish(other)
+	h.waitIndexed(second.ID)
+	h.waitIndexed(other.ID)
+	onStream := func(seq uint64) bool {
+		s, _ := h.js.Stream(context.Background(), h.cfg.Topology.ReviewStream)
+		_, err := s.GetMsg(context.Background(), seq)
+		return err == nil
+	}
+	alice, bob := h.client(), h.client()
+	csrf := alice.mustLogin("alice")
+	bobCSRF := bob.mustLogin("bob")
+	alice.post("/items/"+first.ID+"/label", url.Values{"csrf": {csrf}, "value": {"bug"}})
+	natstest.WaitFor(t, 10*time.Second, "the first label published", func() bool { return len(h.labels()) == 1 })
+	natstest.WaitFor(t, 10*time.Second, "the first label in the index as published", func() bool {
+		l, ok := h.rs.idx.label(first.ID)
+		return ok && l.Published
+	})
+	sweeps := h.rs.idx.sweeps.Load()
+	natstest.WaitFor(t, 10*time.Second, "two more sweeps", func() bool { return h.rs.idx.sweeps.Load() >= sweeps+2 })
+	if !onStream(seq) {
+		t.Fatal("a half-labelled message left the stream")
+	}
+	alice.post("/items/"+second.ID+"/label", url.Values{"csrf": {csrf}, "value": {"false"}})
+	natstest.WaitFor(t, 10*time.Second, "the labelled message removed", func() bool { return !onStream(seq) })
+	if res := bob.get("/items/" + second.ID); !strings.Contains(res.body, "Already labelled by alice") {
+		t.Errorf("bob opening a labelled, removed item: %d\n%s", res.status, res.body)
+	}
+	if res := bob.post("/items/"+second.ID+"/label", url.Values{"csrf": {bobCSRF}, "value": {"true"}}); !strings.Contains(res.body, "Already labelled by alice") {
+		t.Errorf("bob labelling it: %d", res.status)
+	}
+	if !onStream(2) {
+		t.Error("the pending item's message was removed")
+	}
+	if n := len(h.labels()); n != 2 {
+		t.Errorf("%d labels, want 2", n)
+	}
+}

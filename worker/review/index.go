@@ -90,6 +90,9 @@ type index struct {
 	byQuestion      map[string]int
 	doneBy          map[string]int
 	interned        map[string]string
+	// bySeq lists the items of each review message: a message whose items are all labelled
+	// (and the labels published) leaves the stream (labelledMessages).
+	bySeq map[uint64][]string
 
 	labelsLoaded     chan struct{} // closed once the bucket's entries at start are read
 	labelsLoadedOnce sync.Once
@@ -99,11 +102,13 @@ type index struct {
 	labelsReady  atomic.Bool
 	streamFirst  atomic.Uint64 // items below this sequence have aged out of the stream
 	lastItemSeen atomic.Uint64
+	sweeps       atomic.Int64 // pruneAged's passes, for tests that wait for one
 }
 
 func newIndex(log zerolog.Logger) *index {
 	return &index{log: log, items: map[string]*itemMeta{}, labelled: map[string]labelMeta{}, labelsLoaded: make(chan struct{}),
-		byCaller: map[string]int{}, byQuestion: map[string]int{}, doneBy: map[string]int{}, interned: map[string]string{}}
+		byCaller: map[string]int{}, byQuestion: map[string]int{}, doneBy: map[string]int{}, interned: map[string]string{},
+		bySeq: map[uint64][]string{}}
 }
 
 // ready reports whether the index has read the whole stream and bucket as they were at start.
@@ -158,6 +163,7 @@ func (x *index) add(m *itemMeta) {
 	}
 	m.Caller, m.Model, m.Question, m.Reason = x.intern(m.Caller), x.intern(m.Model), x.intern(m.Question), x.intern(m.Reason)
 	x.items[m.ID] = m
+	x.bySeq[m.Seq] = append(x.bySeq[m.Seq], m.ID)
 	x.count(m, x.labelOf(m.ID), 1)
 }
 
@@ -175,6 +181,12 @@ func (x *index) forgetLocked(id string) {
 	}
 	x.count(m, x.labelOf(id), -1)
 	delete(x.items, id)
+	ids := slices.DeleteFunc(x.bySeq[m.Seq], func(v string) bool { return v == id })
+	if len(ids) == 0 {
+		delete(x.bySeq, m.Seq)
+	} else {
+		x.bySeq[m.Seq] = ids
+	}
 }
 
 func (x *index) reset() {
@@ -186,6 +198,7 @@ func (x *index) reset() {
 	clear(x.byQuestion)
 	clear(x.doneBy)
 	clear(x.interned)
+	clear(x.bySeq)
 }
 
 func (x *index) setLabel(id string, l labelMeta) {
@@ -512,6 +525,28 @@ func topFacets(m map[string]int, selected string) []facet {
 		top = append(top, facet{selected, m[selected]})
 	}
 	return top
+}
+
+// labelledMessages lists the stream sequences of the review messages whose every item is
+// labelled and whose labels are all on SYS1_LABELS: they have served their purpose.
+func (x *index) labelledMessages() []uint64 {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	var out []uint64
+	for seq, ids := range x.bySeq {
+		done := true
+		for _, id := range ids {
+			if l, ok := x.labelled[id]; !ok || !l.Published {
+				done = false
+				break
+			}
+		}
+		if done {
+			out = append(out, seq)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // publishing lists the labels whose entry says they are not on SYS1_LABELS yet.
@@ -854,8 +889,13 @@ func (x *index) watchLabels(ctx context.Context, kv jetstream.KeyValue) error {
 }
 
 // pruneAged drops items that aged out of the stream (limits retention deletes them without a
-// message) every interval until ctx ends.
-func (x *index) pruneAged(ctx context.Context, js jetstream.JetStream, stream string, every time.Duration) {
+// message) every interval until ctx ends. With removeLabelled, it also removes from the stream
+// each review message whose items are all labelled and published: the labels are on
+// SYS1_LABELS, the run's record keeps the state, and the caller's review quota
+// (SYS1_REVIEW_MAX_PER_CALLER, a count of its messages on the stream) counts what is pending.
+// The items stay in this index, labelled, so a reviewer who had one open is still told who
+// labelled it.
+func (x *index) pruneAged(ctx context.Context, js jetstream.JetStream, stream string, every time.Duration, removeLabelled bool) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -877,6 +917,23 @@ func (x *index) pruneAged(ctx context.Context, js jetstream.JetStream, stream st
 			}
 		}
 		x.mu.Unlock()
+		if !removeLabelled || !x.ready() {
+			x.sweeps.Add(1)
+			continue
+		}
+		for _, seq := range x.labelledMessages() {
+			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := s.DeleteMsg(dctx, seq)
+			cancel()
+			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				x.log.Warn().Err(err).Uint64("stream_seq", seq).Msg("could not remove a labelled review message from the stream; will try again")
+				continue
+			}
+			x.mu.Lock()
+			delete(x.bySeq, seq) // its items stay, labelled
+			x.mu.Unlock()
+		}
+		x.sweeps.Add(1)
 	}
 }
 

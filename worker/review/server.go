@@ -67,6 +67,9 @@ type Config struct {
 	// StallCheck is how often the item reader is checked for having stopped while the review
 	// stream holds newer items (it is then restarted after the last item read).
 	StallCheck time.Duration
+	// PruneEvery is how often a replica drops aged-out items from its index and removes from
+	// the stream the review messages whose items are all labelled.
+	PruneEvery time.Duration
 	// TrustedProxies are the proxies (a TLS terminator, a load balancer) whose
 	// X-Forwarded-For names the client: sign-in throttling counts by the client's address,
 	// not the proxy's (SYS1_REVIEW_TRUSTED_PROXIES).
@@ -78,7 +81,7 @@ func DefaultConfig() Config {
 	return Config{Addr: "127.0.0.1:8090", SessionTTL: 12 * time.Hour, StateLimit: 64 << 10, InstructionsLimit: 16 << 10,
 		Topology: topology.Default(), SessionsBucket: "sys1-review-sessions",
 		RecoverAfter: 30 * time.Second, RecoverEvery: 10 * time.Second, MaxItemBytes: 8 << 20, UsersReload: 2 * time.Second,
-		StallCheck: 30 * time.Second}
+		StallCheck: 30 * time.Second, PruneEvery: time.Minute}
 }
 
 // CheckListen refuses a listen address reachable from other machines when there is no TLS:
@@ -129,6 +132,9 @@ type Server struct {
 func New(ctx context.Context, js jetstream.JetStream, cfg Config, log zerolog.Logger) (*Server, error) {
 	if cfg.StallCheck <= 0 {
 		cfg.StallCheck = DefaultConfig().StallCheck
+	}
+	if cfg.PruneEvery <= 0 {
+		cfg.PruneEvery = DefaultConfig().PruneEvery
 	}
 	users, err := livefile.Load(cfg.UsersFile, ParseUsers)
 	if err != nil {
@@ -195,7 +201,7 @@ func (s *Server) Run(ctx context.Context) {
 		s.idx.followItems(ctx, s.js, s.cfg.Topology.ReviewStream, 2*s.cfg.MaxItemBytes, s.cfg.StallCheck)
 	})
 	run(func() { s.idx.followLabels(ctx, s.lab.kv) })
-	run(func() { s.idx.pruneAged(ctx, s.js, s.cfg.Topology.ReviewStream, time.Minute) })
+	run(func() { s.idx.pruneAged(ctx, s.js, s.cfg.Topology.ReviewStream, s.cfg.PruneEvery, true) })
 	run(func() { s.lab.recoverLoop(ctx, s.cfg.RecoverEvery) })
 	run(func() {
 		s.users.Watch(ctx, s.cfg.UsersReload, func(u Users) {
