@@ -7,6 +7,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/cache"
+	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // Sys1-Cache: a producer allows an answer from the exact result cache up to that age.
@@ -89,7 +90,11 @@ func (r *run) cacheStore(ctx context.Context) error {
 	r.w.background.Go(func() {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		if err := r.w.cache.Put(pctx, key, res, age); err != nil {
+		err := r.w.cache.Put(pctx, key, res, age)
+		if _, full := refusedBy(r.w.noteStore(topology.KVStream(r.w.opt.Topology.CacheBucket), err)); full {
+			return // a full cache is said once (storage.go); entries expire and make room
+		}
+		if err != nil {
 			log.Warn().Err(err).Msg("could not store the answer in the cache")
 		}
 	})

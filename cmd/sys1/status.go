@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -206,6 +207,7 @@ func printStatus(out io.Writer, st fleetStatus) {
 	if len(st.Replicas) > 0 {
 		fmt.Fprintln(out, statusLegend)
 	}
+	printFull(out, st.Replicas)
 	fmt.Fprintln(out)
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONSUMER\tPENDING\tACK PENDING\tREDELIVERED\tPAUSED")
@@ -231,6 +233,31 @@ func printStatus(out io.Writer, st fleetStatus) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Caller, c.Rule, c.Limit, strconv.FormatFloat(c.Used, 'f', -1, 64), strconv.FormatFloat(c.Max, 'f', -1, 64), resets)
 	}
 	_ = tw.Flush()
+}
+
+// printFull names the streams some replica finds full (refusing new messages), with the
+// variable of each one's limit.
+func printFull(out io.Writer, replicas []worker.Health) {
+	seen := map[string]string{}
+	for _, h := range replicas {
+		for _, name := range h.Full {
+			seen[name] = ""
+			for _, u := range h.Storage {
+				if u.Name == name && u.Variable != "" {
+					seen[name] = " (raise " + u.Variable + ")"
+				}
+			}
+		}
+	}
+	if len(seen) == 0 {
+		return
+	}
+	names := make([]string, 0, len(seen))
+	for name := range seen {
+		names = append(names, name+seen[name])
+	}
+	slices.Sort(names)
+	fmt.Fprintf(out, "\nFULL, refusing new messages: %s\n", strings.Join(names, ", "))
 }
 
 func describePause(p *worker.PauseState) string {

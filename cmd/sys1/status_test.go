@@ -293,3 +293,14 @@ func TestProductVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusNamesFullStreams: a stream a replica finds full is named under the replicas, with
+// the variable to raise.
+func TestStatusNamesFullStreams(t *testing.T) {
+	var out bytes.Buffer
+	printStatus(&out, fleetStatus{Replicas: []worker.Health{{Replica: "a", Status: worker.HealthDegraded, Full: []string{"SYS1_REVIEW"},
+		Storage: []worker.StreamUsage{{Name: "SYS1_REVIEW", Bytes: 10, MaxBytes: 10, Full: true, Variable: "SYS1_REVIEW_MAX_BYTES"}}}}})
+	if !strings.Contains(out.String(), "FULL, refusing new messages: SYS1_REVIEW (raise SYS1_REVIEW_MAX_BYTES)") {
+		t.Errorf("status:\n%s", out.String())
+	}
+}
