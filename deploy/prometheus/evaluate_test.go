@@ -24,16 +24,13 @@ import (
 	"github.com/sys1hq/sys1/worker/review"
 )
 
-// pendingMetrics are families pinned for changes in flight (issue 21: route state; issue 22:
-// stream bytes and quota refusals). The rules use them already and their unit tests cover
-// them; here, until a component defines them, their names and labels are these, and an
-// expression reading them may evaluate to nothing. Once defined (metrics.WorkerFamilies) the
-// definitions apply, and once this load produces samples of them every check does.
+// pendingMetrics are families pinned for changes in flight (issue 21: route state). The rules
+// use them already and their unit tests cover them; here, until a component defines them,
+// their names and labels are these, and an expression reading them may evaluate to nothing.
+// Once defined (metrics.WorkerFamilies) the definitions apply, and once this load produces
+// samples of them every check does. (Issue 22's stream bytes and quota refusals are defined.)
 var pendingMetrics = map[string][]string{
-	"sys1_worker_provider_routes":      {"provider", "state", "worker"},
-	"sys1_worker_stream_bytes":         {"stream", "worker"},
-	"sys1_worker_stream_max_bytes":     {"stream", "worker"},
-	"sys1_worker_quota_refusals_total": {"kind", "worker"},
+	"sys1_worker_provider_routes": {"provider", "state", "worker"},
 }
 
 // targetLabels are the labels Prometheus adds to every scraped series.
