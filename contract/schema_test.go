@@ -246,13 +246,13 @@ func TestSchemasMatchGoTypes(t *testing.T) {
 	check(t, schemas["review-item"], "review item", itemJSON)
 	second := fullReviewItem()
 	second.Question, second.ID = "other", ReviewItemID(item.RunID, "other")
-	run := ReviewRun{RunID: item.RunID, Caller: item.Caller, Provider: item.Provider, Model: item.Model, State: item.State,
+	run := ReviewRun{RunID: item.RunID, Caller: item.Caller, Subject: item.Subject, Provider: item.Provider, Model: item.Model, State: item.State,
 		Images: item.Images, CreatedAt: item.CreatedAt, Items: []ReviewItem{item, second}}
 	runJSON, _ := json.Marshal(run)
 	check(t, schemas["review-run"], "review message", runJSON)
 	var runDoc struct{ Items []json.RawMessage }
 	_ = json.Unmarshal(runJSON, &runDoc)
-	notQueued, _ := json.Marshal(ReviewRef{Status: ReviewNotQueued, Item: item.ID, Reason: "caller svc-a holds 5000 review items"})
+	notQueued, _ := json.Marshal(ReviewRef{Status: ReviewNotQueued, Item: item.ID, Items: []string{item.ID}, Reason: "caller svc-a holds 5000 review items"})
 	lbl := fullLabel()
 	labelJSON, _ := json.Marshal(lbl)
 	check(t, schemas["label"], "label", labelJSON)
