@@ -56,6 +56,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/sys1hq/sys1/worker/startup"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -192,6 +193,10 @@ func New(js jetstream.JetStream, conn driver.Conn, topo topology.Config, cfg Con
 	return s, nil
 }
 
+// Ready reports whether the sink drains SYS1_RUNS: its consumer is set up (Run waits for
+// JetStream until it is).
+func (s *Sink) Ready() bool { return s.runs.running.Load() }
+
 // Stats returns a snapshot of the counters and the last measured lag.
 func (s *Sink) Stats() Stats {
 	r, l := s.runs, s.labels
@@ -220,7 +225,15 @@ func (s *Sink) Stats() Stats {
 // acked if that succeeds within ShutdownTimeout, otherwise nak'ed for prompt redelivery; then
 // Run returns nil. It returns an error only when SYS1_RUNS or its consumer cannot be set up.
 func (s *Sink) Run(ctx context.Context) error {
-	cons, err := s.runs.ensure(ctx)
+	// A sink started while NATS fails over (a stream electing a leader, a node down) waits
+	// for it, not ready meanwhile; only a permanent error (a permission refused) stops it.
+	var cons jetstream.Consumer
+	setUp := startup.Retry{What: "the sink's consumer on " + s.topo.RunsStream, Log: s.log, Min: s.cfg.RetryMin, Max: s.cfg.RetryMax, LastError: s.js.Conn().LastError}
+	err := setUp.Do(ctx, func(ctx context.Context) error {
+		var err error
+		cons, err = s.runs.ensure(ctx)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("sink: %w", err)
 	}

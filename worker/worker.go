@@ -36,6 +36,7 @@ import (
 	"github.com/sys1hq/sys1/worker/livefile"
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/policy"
+	"github.com/sys1hq/sys1/worker/startup"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -74,6 +75,10 @@ type Options struct {
 	MetricsCallerLabel bool
 	// TracerProvider starts the runs' spans; nil means no tracing.
 	TracerProvider trace.TracerProvider
+	// OnSetUpWait, when set, is told each time New could not set up the JetStream topology
+	// for a passing reason (a leader election, a node down) and waits before trying again;
+	// the command layer shows it on /readyz. New waits like that until ctx ends.
+	OnSetUpWait func(err error, wait time.Duration)
 }
 
 // Worker is one replica's pool.
@@ -130,7 +135,10 @@ type Worker struct {
 }
 
 // New ensures the JetStream topology (streams, run-id bucket, the shared consumer) and returns
-// a worker ready to Run.
+// a worker ready to Run. While JetStream cannot answer for a passing reason — a stream or the
+// meta group electing a leader, a node down — New waits with back-off, logging each try
+// (startup.Retry), until ctx ends; a permanent error (a permission refused, a stream
+// configured in a way sys1 cannot change) is returned at once.
 func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("worker config: %w", errors.Join(errs...))
@@ -155,10 +163,13 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	if err := w.instrument(); err != nil {
 		return nil, err
 	}
-	if err := w.ensure(ctx); err != nil {
-		return nil, err
-	}
-	if err := w.openLimits(ctx); err != nil {
+	setUp := startup.Retry{What: "the JetStream topology", Log: w.log, LastError: opt.NC.LastError, OnWait: opt.OnSetUpWait}
+	if err := setUp.Do(ctx, func(ctx context.Context) error {
+		if err := w.ensure(ctx); err != nil {
+			return err
+		}
+		return w.openLimits(ctx)
+	}); err != nil {
 		return nil, err
 	}
 	if opt.Topology.MaxAckPending < 2*cfg.Concurrency {
@@ -185,7 +196,9 @@ func (w *Worker) ensure(ctx context.Context) error {
 		return err
 	}
 	if w.fits.Load() == nil {
-		w.loadFits(ctx)
+		if err := w.loadFits(ctx); err != nil {
+			return err
+		}
 	}
 	dead, err := topology.EnsureDeadLetterConsumer(ctx, w.opt.JS, w.opt.Topology)
 	if err != nil {
@@ -210,9 +223,11 @@ func (w *Worker) ensure(ctx context.Context) error {
 
 // openLimits opens the budget's and the cache's buckets. Budgets are enforced or the worker
 // does not start (a limit that silently does nothing would be worse than none); the cache is
-// an optimisation, so a cache bucket this replica cannot use only turns it off.
+// an optimisation, so a cache bucket this replica cannot use only turns it off — but one that
+// cannot be reached for a passing reason (a leader election) is waited for like the rest,
+// or a replica started during a failover would run without its cache until restarted.
 func (w *Worker) openLimits(ctx context.Context) error {
-	if w.opt.Limits != nil {
+	if w.opt.Limits != nil && w.budget == nil {
 		kv, err := w.opt.JS.CreateOrUpdateKeyValue(ctx, w.opt.Topology.LimitsBucketConfig())
 		if err != nil {
 			return fmt.Errorf("limits bucket %s (SYS1_LIMITS_FILE needs it to enforce budgets): %w", w.opt.Topology.LimitsBucket, err)
@@ -223,7 +238,13 @@ func (w *Worker) openLimits(ctx context.Context) error {
 		}
 		w.budget = b
 	}
+	if w.cache != nil {
+		return nil
+	}
 	kv, err := w.opt.JS.CreateOrUpdateKeyValue(ctx, w.opt.Topology.CacheBucketConfig(w.cfg.CacheMaxTTL))
+	if startup.Transient(err) {
+		return fmt.Errorf("cache bucket %s: %w", w.opt.Topology.CacheBucket, err)
+	}
 	if err != nil {
 		w.log.Warn().Err(err).Str("bucket", w.opt.Topology.CacheBucket).Msg("cannot use the cache bucket; the exact result cache is off")
 		return nil
@@ -238,20 +259,29 @@ func (w *Worker) openLimits(ctx context.Context) error {
 
 // loadFits opens the calibration bucket and follows its fits. Calibration is an addition:
 // a bucket this replica cannot use (permissions) leaves runs uncalibrated, with a warning.
-func (w *Worker) loadFits(ctx context.Context) {
+// A bucket that cannot be reached for a passing reason is an error, so start-up waits for it
+// (a replica started during a leader election must not run uncalibrated until restarted).
+func (w *Worker) loadFits(ctx context.Context) error {
 	kv, err := w.opt.JS.CreateOrUpdateKeyValue(ctx, w.opt.Topology.CalibrationBucketConfig())
+	if startup.Transient(err) {
+		return fmt.Errorf("calibration bucket %s: %w", w.opt.Topology.CalibrationBucket, err)
+	}
 	if err != nil {
 		w.log.Warn().Err(err).Str("bucket", w.opt.Topology.CalibrationBucket).Msg("cannot use the calibration bucket; runs are not calibrated")
-		return
+		return nil
 	}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	store, err := calibration.NewStore(lctx, kv, w.log)
+	if startup.Transient(err) {
+		return fmt.Errorf("calibration fits: %w", err)
+	}
 	if err != nil {
 		w.log.Warn().Err(err).Msg("cannot load the calibration fits; runs are not calibrated")
-		return
+		return nil
 	}
 	w.fits.Store(store)
+	return nil
 }
 
 // recreateTopology runs ensure on behalf of the pull loop once the topology has been missing

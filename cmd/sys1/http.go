@@ -6,9 +6,14 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/worker/metrics"
 )
 
 // HTTPConfig is the operational HTTP endpoint of long-running commands (/healthz, /metrics,
@@ -72,4 +77,51 @@ func serveHTTP(addr string, h http.Handler, log zerolog.Logger) (stop func(), er
 		_ = srv.Shutdown(ctx)
 		<-done
 	}, nil
+}
+
+// startingEndpoints are the operational endpoints of a component that is up but not yet
+// working — waiting for NATS to elect a leader, for ClickHouse to answer: /healthz says the
+// process lives (a liveness probe must not restart it for waiting), /readyz answers 503 with
+// what it waits for, and /metrics serves the registry. Once the component works, Serve hands
+// every request to its own handler (Ready).
+type startingEndpoints struct {
+	reg     *prometheus.Registry
+	log     zerolog.Logger
+	ready   atomic.Pointer[http.Handler]
+	mu      sync.Mutex
+	waiting string
+}
+
+func newStartingEndpoints(reg *prometheus.Registry, log zerolog.Logger) *startingEndpoints {
+	return &startingEndpoints{reg: reg, log: log, waiting: "starting"}
+}
+
+// Waiting says what the component waits for (shown by /readyz until Ready).
+func (s *startingEndpoints) Waiting(why string) {
+	s.mu.Lock()
+	s.waiting = why
+	s.mu.Unlock()
+}
+
+// Ready hands every later request to h.
+func (s *startingEndpoints) Ready(h http.Handler) { s.ready.Store(&h) }
+
+func (s *startingEndpoints) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	if h := s.ready.Load(); h != nil {
+		(*h).ServeHTTP(rw, req)
+		return
+	}
+	switch req.URL.Path {
+	case "/healthz":
+		_, _ = rw.Write([]byte("ok\n"))
+	case "/readyz":
+		s.mu.Lock()
+		why := s.waiting
+		s.mu.Unlock()
+		http.Error(rw, "not ready: "+why, http.StatusServiceUnavailable)
+	case "/metrics":
+		metrics.Handler(s.reg, s.log).ServeHTTP(rw, req)
+	default:
+		http.NotFound(rw, req)
+	}
 }

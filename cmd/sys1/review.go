@@ -8,12 +8,19 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/review"
+	"github.com/sys1hq/sys1/worker/startup"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -139,8 +146,30 @@ func runReview(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	rc.SessionTTL, rc.StateLimit, rc.SessionsBucket, rc.Topology = cfg.SessionTTL, cfg.StateLimit, topo.ReviewSessionsBucket, topo
 	rc.TrustedProxies, _ = review.ParseTrustedProxies(cfg.TrustedProxies) // validated above
 	rc.MaxItemBytes = max(int(topo.MaxMsgSize), int(nc.NC.MaxPayload()))
-	srv, err := review.New(ctx, nc.JS, rc, log)
+	// The page's streams and buckets are set up before it serves. While NATS fails over that
+	// waits (startup.Retry), and the address answers meanwhile: /healthz ok (alive), /readyz
+	// and every page 503, saying what it waits for.
+	waiting, err := serveWhileStarting(rc, log)
 	if err != nil {
+		log.Error().Err(err).Msg("cannot serve the review page")
+		return exitUsage
+	}
+	var srv *review.Server
+	setUp := startup.Retry{What: "the review page's streams and buckets", Log: log, LastError: nc.NC.LastError,
+		OnWait: func(err error, wait time.Duration) {
+			waiting.Waiting(fmt.Sprintf("waiting for JetStream (next try in %s): %v", wait.Round(time.Millisecond), err))
+		}}
+	err = setUp.Do(ctx, func(tctx context.Context) error {
+		var err error
+		srv, err = review.New(tctx, nc.JS, rc, log)
+		return err
+	})
+	waiting.stop()
+	if err != nil {
+		if ctx.Err() != nil {
+			log.Info().Err(err).Msg("review page stopped before its streams were set up")
+			return exitOK
+		}
 		log.Error().Err(err).Msg("cannot start the review page")
 		return exitUsage
 	}
@@ -166,4 +195,48 @@ func hashPassword(name string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout, out)
 	return exitOK
+}
+
+// startingPage answers on the review page's address while its set-up waits for NATS.
+type startingPage struct {
+	*startingEndpoints
+	stop func()
+}
+
+// serveWhileStarting listens on the page's address (with its TLS, when configured) and serves
+// startingEndpoints until stop; ListenAndServe then listens on the same address again.
+func serveWhileStarting(rc review.Config, log zerolog.Logger) (*startingPage, error) {
+	ln, err := net.Listen("tcp", rc.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", rc.Addr, err)
+	}
+	e := newStartingEndpoints(prometheus.NewRegistry(), log)
+	e.Waiting("setting up the review streams and buckets")
+	srv := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+			e.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "The review page is starting: it waits for NATS. Try again in a few seconds.", http.StatusServiceUnavailable)
+	}))
+	if rc.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(rc.TLSCertFile, rc.TLSKeyFile)
+		if err != nil {
+			_ = ln.Close()
+			return nil, fmt.Errorf("TLS certificate: %w", err)
+		}
+		ln = tls.NewListener(ln, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}})
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	var once sync.Once
+	return &startingPage{startingEndpoints: e, stop: func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(ctx)
+			<-done
+		})
+	}}, nil
 }

@@ -51,6 +51,19 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 	}
 	log := newLogger(stderr, logCfg, "sink")
 	host, _ := os.Hostname()
+	// The endpoints are up from the start: a sink waiting for NATS or ClickHouse is alive
+	// (/healthz) and not ready (/readyz says what it waits for).
+	reg := metrics.NewRegistry()
+	endpoints := newStartingEndpoints(reg, log)
+	endpoints.Waiting("connecting to NATS")
+	if httpCfg.Addr != "" {
+		stopHTTP, err := serveHTTP(httpCfg.Addr, endpoints, log)
+		if err != nil {
+			log.Error().Err(err).Msg("cannot serve HTTP")
+			return exitUsage
+		}
+		defer stopHTTP()
+	}
 
 	nc, err := natsconn.Connect(ctx, natsCfg, "sys1-sink "+host, log)
 	if err != nil {
@@ -64,6 +77,7 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 	}
 	defer nc.Close()
 
+	endpoints.Waiting("waiting for ClickHouse")
 	conn, err := openClickHouse(ctx, cfg, log)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -86,25 +100,28 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer stopTracing()
-	reg := metrics.NewRegistry()
 	if err := s.Instrument(reg, tp); err != nil {
 		log.Error().Err(err).Msg("cannot instrument the sink")
 		return exitUsage
 	}
-	if httpCfg.Addr != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
-		mux.Handle("/metrics", metrics.Handler(reg, log))
-		stopHTTP, err := serveHTTP(httpCfg.Addr, mux, log)
-		if err != nil {
-			log.Error().Err(err).Msg("cannot serve HTTP")
-			return exitUsage
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		if !s.Ready() {
+			http.Error(rw, "not ready: waiting for JetStream to set up the sink's consumer", http.StatusServiceUnavailable)
+			return
 		}
-		defer stopHTTP()
-	}
+		_, _ = rw.Write([]byte("ready\n"))
+	})
+	mux.Handle("/metrics", metrics.Handler(reg, log))
+	endpoints.Ready(mux)
 	if err := s.Run(ctx); err != nil {
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		// Run waits out passing NATS trouble; what stops it is configuration (a permission).
 		log.Error().Err(err).Msg("sink failed")
-		return exitFailed
+		return exitUsage
 	}
 	return exitOK
 }

@@ -198,27 +198,41 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 	defer stopTracing()
 	// One registry for the process: the worker's families, the in-process sink's, Go's.
 	reg := metrics.NewRegistry()
-	w, err := worker.New(ctx, s.worker, worker.Options{
-		NC: conn.NC, JS: conn.JS, Topology: s.topo, Links: links, ChainConfig: chainCfg, Policy: policy, Auth: authn,
-		Abstention: s.files.policy, Limits: s.files.limits, Prices: s.files.prices,
-		Logger: log, Version: version, Metrics: reg, MetricsCallerLabel: s.metrics.CallerLabel, TracerProvider: tp,
-	})
-	if err != nil {
-		log.Error().Err(err).Msg("cannot start the worker")
-		return exitUsage
-	}
-
-	var bg sync.WaitGroup
-	s.files.watch(ctx, &bg, log)
+	// The endpoints are up before the topology is: a replica waiting for NATS to elect a
+	// leader is alive (/healthz) and not ready (/readyz says what it waits for).
+	endpoints := newStartingEndpoints(reg, log)
+	endpoints.Waiting("setting up the JetStream topology")
 	if s.http.Addr != "" {
 		// /metrics serves reg: the in-process sink's families join it once ClickHouse answers.
-		stopHTTP, err := serveHTTP(s.http.Addr, w.Handler(), log)
+		stopHTTP, err := serveHTTP(s.http.Addr, endpoints, log)
 		if err != nil {
 			log.Error().Err(err).Msg("cannot serve HTTP")
 			return exitUsage
 		}
 		defer stopHTTP()
 	}
+	w, err := worker.New(ctx, s.worker, worker.Options{
+		NC: conn.NC, JS: conn.JS, Topology: s.topo, Links: links, ChainConfig: chainCfg, Policy: policy, Auth: authn,
+		Abstention: s.files.policy, Limits: s.files.limits, Prices: s.files.prices,
+		Logger: log, Version: version, Metrics: reg, MetricsCallerLabel: s.metrics.CallerLabel, TracerProvider: tp,
+		OnSetUpWait: func(err error, wait time.Duration) {
+			endpoints.Waiting(fmt.Sprintf("waiting for JetStream (next try in %s): %v", wait.Round(time.Millisecond), err))
+		},
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			log.Info().Err(err).Msg("worker stopped before its JetStream topology was set up")
+			return exitOK
+		}
+		// Passing NATS trouble is waited out inside New; what is left is configuration (a
+		// permission refused, a stream sys1 cannot reconcile): exit status 2 means exactly that.
+		log.Error().Err(err).Msg("cannot start the worker")
+		return exitUsage
+	}
+	endpoints.Ready(w.Handler())
+
+	var bg sync.WaitGroup
+	s.files.watch(ctx, &bg, log)
 
 	exit := exitOK
 	if s.sink.DSN != "" {
