@@ -47,7 +47,9 @@ func TestTransient(t *testing.T) {
 	}
 }
 
-func fast() Retry { return Retry{What: "the test topology", Log: zerolog.Nop(), Min: time.Millisecond, Max: 2 * time.Millisecond} }
+func fast() Retry {
+	return Retry{What: "the test topology", Log: zerolog.Nop(), Min: time.Millisecond, Max: 2 * time.Millisecond}
+}
 
 func TestRetryWaitsOutTransientErrors(t *testing.T) {
 	r := fast()
