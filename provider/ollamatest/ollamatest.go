@@ -6,7 +6,8 @@
 // and answers deterministically from model, state, question names and options (see
 // provider/internal/synth). Faults (error statuses, malformed answers, hangs, dropped
 // connections, latency) are programmable per call or for the next N calls. It counts calls,
-// the calls in flight and the most ever in flight, and records what it received.
+// the calls in flight and the most ever in flight, records what it received, and can report
+// every call as it ends — answered, failed as told, or abandoned by its client (WithCallLog).
 //
 // By default it serves any number of calls at once. WithCapacity turns on a realistic
 // serving model instead: a few slots, a FIFO queue behind them and a service time that grows
@@ -19,8 +20,10 @@
 package ollamatest
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -115,6 +118,30 @@ func WithRecording(on bool) Option {
 	}
 }
 
+// Call is one POST /v1/systemone as the fake answered it, reported to WithCallLog when the call
+// ends. A soak counts each run's calls from these: how often the model scored it, and which
+// calls were failures it was told to fake or answers no client was left to read.
+type Call struct {
+	// Started is when the call arrived; Ended when the fake was done with it.
+	Started, Ended time.Time
+	// Body is the request body; it is valid only during the callback (copy what you keep).
+	Body []byte
+	// Status is the HTTP status answered; 0 when none was (the connection was dropped, or the
+	// client went away before the answer).
+	Status int
+	// Answered is true when a 200 with a whole answer was written while the client was still
+	// there: the model scored the request and the caller could read it.
+	Answered bool
+	// Fault names what was done instead of a plain answer ("" for none): "status 503",
+	// "hang", "drop", "delay 2s", "malformed", "client gone".
+	Fault string
+}
+
+// WithCallLog reports every System One call to log when it ends, from the handler's
+// goroutine: log must be quick and safe for concurrent use. Unlike recording it keeps no
+// bodies, so a long run can count every call.
+func WithCallLog(log func(Call)) Option { return func(s *Server) { s.callLog = log } }
+
 // WithAPIKey makes the fake require "Authorization: Bearer <key>" like Ollama behind an
 // authenticating proxy or ollama.com; other requests get 401.
 func WithAPIKey(key string) Option { return func(s *Server) { s.apiKey = key } }
@@ -129,6 +156,7 @@ type Server struct {
 	recordLimit int
 	latency     atomic.Int64
 	capacity    *capacityQueue // nil: every call is served at once
+	callLog     func(Call)     // nil: calls are not reported
 	busy        atomic.Int64   // nanoseconds spent serving /v1/systemone calls, summed
 	lateness    atomic.Int64   // recent average timer lateness, in nanoseconds (see wait)
 
@@ -452,6 +480,11 @@ func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
 	s.record(r, body)
 
 	fault, faulty := s.nextFault(body)
+	if s.callLog != nil {
+		cw := &callWriter{ResponseWriter: w}
+		w = cw
+		defer func() { s.callLog(cw.call(arrived, body, r, fault, faulty)) }()
+	}
 	if !s.wait(w, r, arrived.Add(time.Duration(s.latency.Load())+fault.Delay)) {
 		return
 	}
@@ -682,4 +715,67 @@ func (s *Server) AwaitInFlight(ctx context.Context, n int64) error {
 			return fmt.Errorf("ollamatest: waiting for %d calls in flight (now %d): %w", n, s.inFlight.Load(), ctx.Err())
 		}
 	}
+}
+
+// callWriter notes what a System One handler wrote, for WithCallLog. It passes Hijack through,
+// which dropConnection needs.
+type callWriter struct {
+	http.ResponseWriter
+	status   int
+	wrote    int
+	writeErr error
+	dropped  bool
+}
+
+func (c *callWriter) WriteHeader(status int) {
+	c.status = status
+	c.ResponseWriter.WriteHeader(status)
+}
+
+func (c *callWriter) Write(b []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	n, err := c.ResponseWriter.Write(b)
+	c.wrote += n
+	if err != nil {
+		c.writeErr = err
+	}
+	return n, err
+}
+
+func (c *callWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c.dropped = true
+	hj, ok := c.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("ollamatest: response writer cannot hijack")
+	}
+	return hj.Hijack()
+}
+
+func (c *callWriter) call(arrived time.Time, body []byte, r *http.Request, fault Fault, faulty bool) Call {
+	out := Call{Started: arrived, Ended: time.Now(), Body: body}
+	if !c.dropped {
+		out.Status = c.status
+	}
+	// The answer is whole when as many bytes went out as it declared; the client was there to
+	// read it when its request's context had not ended by the time the handler finished.
+	whole := c.writeErr == nil && c.wrote > 0 && strconv.Itoa(c.wrote) == c.Header().Get("Content-Length")
+	gone := r.Context().Err() != nil
+	out.Answered = out.Status == http.StatusOK && whole && !gone && !(faulty && fault.Malformed != MalformedNone)
+	switch {
+	case faulty && fault.Hang:
+		out.Fault = "hang"
+	case faulty && fault.Drop:
+		out.Fault = "drop"
+	case faulty && fault.Status != 0:
+		out.Fault = "status " + strconv.Itoa(fault.Status)
+	case faulty && fault.Malformed != MalformedNone:
+		out.Fault = "malformed"
+	case gone || out.Status == 0:
+		out.Fault = "client gone"
+	case faulty && fault.Delay > 0:
+		out.Fault = "delay " + fault.Delay.String()
+	}
+	return out
 }

@@ -498,3 +498,59 @@ func TestBusyTimeSumsCallTime(t *testing.T) {
 		t.Errorf("after ResetStats: %s", got)
 	}
 }
+
+// TestCallLogSaysWhatEachCallCameTo: every call is reported when it ends — an answer the
+// client read, a programmed failure, a hang the client gave up on, a client that left while
+// the answer was still being prepared — with its body, so a soak can count how often each
+// request was scored.
+func TestCallLogSaysWhatEachCallCameTo(t *testing.T) {
+	logged := make(chan ollamatest.Call, 16)
+	srv := ollamatest.New(t, ollamatest.WithCallLog(func(c ollamatest.Call) {
+		c.Body = append([]byte(nil), c.Body...)
+		logged <- c
+	}))
+
+	if status, _, _ := post(t, srv, ticket); status != http.StatusOK {
+		t.Fatalf("status %d", status)
+	}
+	srv.Fail(1, ollamatest.Busy(503, "1"))
+	if status, _, _ := post(t, srv, ticket); status != 503 {
+		t.Fatalf("status %d", status)
+	}
+	srv.Fail(1, ollamatest.Hang())
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL()+"/v1/systemone", strings.NewReader(ticket))
+	if _, err := http.DefaultClient.Do(req); err == nil {
+		t.Fatal("a hung call answered")
+	}
+	cancel()
+	srv.SetLatency(time.Second)
+	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, srv.URL()+"/v1/systemone", strings.NewReader(ticket))
+	if _, err := http.DefaultClient.Do(req); err == nil {
+		t.Fatal("a slow call answered within the client's timeout")
+	}
+	cancel()
+
+	// The handler reports after the client has its answer (or has left): wait for each.
+	var got []ollamatest.Call
+	for len(got) < 4 {
+		select {
+		case c := <-logged:
+			got = append(got, c)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d calls logged, want 4", len(got))
+		}
+	}
+	want := []struct {
+		status   int
+		answered bool
+		fault    string
+	}{{200, true, ""}, {503, false, "status 503"}, {0, false, "hang"}, {0, false, "client gone"}}
+	for i, w := range want {
+		c := got[i]
+		if c.Status != w.status || c.Answered != w.answered || c.Fault != w.fault || string(c.Body) != ticket || !c.Ended.After(c.Started) {
+			t.Errorf("call %d: status %d answered %v fault %q (body %d bytes), want %d %v %q", i+1, c.Status, c.Answered, c.Fault, len(c.Body), w.status, w.answered, w.fault)
+		}
+	}
+}
