@@ -44,7 +44,9 @@ func newHealthy() *healthy {
 	req := func(id, caller, kind, key string, s float64) {
 		o.Requests = append(o.Requests, Request{RunID: id, Caller: caller, Kind: kind, Key: key, PublishedAt: at(t0, s), AckedAt: at(t0, s+0.001)})
 	}
-	row := func(id, caller, status string) { o.Rows = append(o.Rows, Row{RunID: id, Caller: caller, Status: status}) }
+	row := func(id, caller, status string) {
+		o.Rows = append(o.Rows, Row{RunID: id, Caller: caller, Status: status})
+	}
 
 	req("p-1", "soak-plain", KindPlain, "p-1", 1)
 	call("p-1", 1, 1.1)
