@@ -52,13 +52,16 @@ func (r *run) budget(ctx context.Context) error {
 
 // estimate is what the run is likely to use, charged to the day budgets until the call says
 // what it used: about four bytes of text a token, and the price of the provider the chain
-// would ask first.
+// would ask first. It carries the run's id, so the run is charged once however many of its
+// deliveries are admitted before one settles.
 func (r *run) estimate() budget.Estimate {
 	text := len(r.msg.Data())
 	for _, im := range r.resolved.Images {
 		text -= len(im.Data)
 	}
-	est := budget.Estimate{InputTokens: int64(max(text, 0)/4 + 16*len(r.resolved.Questions))}
+	// Named by the run: a delivery whose replica died before settling leaves its charge open,
+	// and the run's next delivery is admitted on it instead of paying twice.
+	est := budget.Estimate{InputTokens: int64(max(text, 0)/4 + 16*len(r.resolved.Questions)), ID: r.runID}
 	if routes := r.w.chain.Routes(r.resolved.Model); len(routes) > 0 {
 		usage := contract.Usage{InputTokens: est.InputTokens, OutputTokens: int64(len(r.resolved.Questions))}
 		if c := r.w.pricesNow().Cost(routes[0].Provider, routes[0].Model, usage); c != nil {

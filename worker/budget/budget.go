@@ -47,6 +47,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -185,6 +186,12 @@ func (b *Budget) Close() {
 type Estimate struct {
 	InputTokens int64
 	USD         float64
+	// ID names the admission: the run's id. An admission that is never settled — its replica
+	// died during the call, or the answer to its write was lost in a NATS election — stays
+	// open in the day's counter under this id, and the run's next delivery is admitted on
+	// that same charge instead of paying a second time; settling it closes it. So a budget of
+	// N pays for exactly N runs however often replicas crash. Empty: every admission charges.
+	ID string
 }
 
 // Actual is what the call used, reported after it: the provider's input tokens and the cost
@@ -338,6 +345,35 @@ type dayCounter struct {
 	Admitted  int64 `json:"admitted"`  // admitted this day
 	Tokens    int64 `json:"input_tokens"`
 	NanoUSD   int64 `json:"nano_usd"`
+	// Open are the admissions charged and not yet settled, by id (Estimate.ID): at most the
+	// calls in flight, plus those whose replica died and whose run never came back.
+	Open []openCharge `json:"open,omitempty"`
+}
+
+// openCharge is one admission not yet settled: what it charged.
+type openCharge struct {
+	ID      string `json:"id"`
+	Tokens  int64  `json:"t,omitempty"`
+	NanoUSD int64  `json:"u,omitempty"`
+	At      int64  `json:"at"` // Unix milliseconds
+}
+
+// maxOpen bounds a day counter's open admissions. Past it the oldest is forgotten (its
+// charge stays; only its run's next delivery would pay again), so a flood of runs that never
+// come back cannot grow the counter without bound.
+const maxOpen = 512
+
+// open returns the index of the open admission id, or -1.
+func (c *dayCounter) open(id string) int {
+	if id == "" {
+		return -1
+	}
+	for i, o := range c.Open {
+		if o.ID == id {
+			return i
+		}
+	}
+	return -1
 }
 
 // flights is the value of an in-flight key.
@@ -416,12 +452,20 @@ func (b *Budget) charge(ctx context.Context, t *Ticket, est Estimate, now time.T
 		estTokens = 0
 	}
 	var dec Decision
+	var chargedTokens, chargedNano int64 // what the admission stands for (from the last run of fn)
 	err := b.update(ctx, key, b.maxAttempts, func(cur []byte) ([]byte, error) {
 		var c dayCounter
 		if cur != nil {
 			if err := json.Unmarshal(cur, &c); err != nil {
 				return nil, fmt.Errorf("budget: counter %s is unreadable: %w", key, err)
 			}
+		}
+		if i := c.open(est.ID); i >= 0 {
+			// This run was admitted before and never settled: its earlier delivery's replica
+			// died, or that admission's answer was lost. It runs on the same charge.
+			dec = Decision{Outcome: Admitted}
+			chargedTokens, chargedNano = c.Open[i].Tokens, c.Open[i].NanoUSD
+			return nil, nil
 		}
 		dec = decide(&c, t.caller, rule, estTokens, estNano, now, day)
 		if dec.Outcome != Admitted {
@@ -431,6 +475,13 @@ func (b *Budget) charge(ctx context.Context, t *Ticket, est Estimate, now time.T
 		c.Decisions++
 		c.Tokens = satAdd(c.Tokens, estTokens)
 		c.NanoUSD = satAdd(c.NanoUSD, estNano)
+		chargedTokens, chargedNano = estTokens, estNano
+		if est.ID != "" {
+			c.Open = append(c.Open, openCharge{ID: est.ID, Tokens: estTokens, NanoUSD: estNano, At: now.UnixMilli()})
+			if len(c.Open) > maxOpen {
+				c.Open = slices.Delete(c.Open, 0, len(c.Open)-maxOpen)
+			}
+		}
 		return json.Marshal(c)
 	})
 	if errors.Is(err, errContention) {
@@ -440,7 +491,8 @@ func (b *Budget) charge(ctx context.Context, t *Ticket, est Estimate, now time.T
 		return Decision{}, err
 	}
 	if dec.Outcome == Admitted {
-		t.dayKey, t.estTokens, t.estNano = key, estTokens, estNano
+		// What this admission stands for: its own estimate, or the open charge it reused.
+		t.dayKey, t.estTokens, t.estNano, t.id = key, chargedTokens, chargedNano, est.ID
 	}
 	if dec.Outcome == Delayed {
 		// Everyone delayed in one minute would come back at the same instant: spread them
@@ -543,6 +595,7 @@ type Ticket struct {
 
 	dayKey             string
 	estTokens, estNano int64
+	id                 string // the open admission's id (Estimate.ID)
 
 	flightKey, leaseID string
 
@@ -552,8 +605,11 @@ type Ticket struct {
 }
 
 // Settle corrects the day budgets from the estimate to what the call actually used, in the
-// day the call was admitted. A call that failed without using anything settles with a zero
-// Actual, which refunds the estimate; its decision still counts against the rate.
+// day the call was admitted, and closes the admission. A call that failed without using
+// anything settles with a zero Actual, which refunds the estimate; its decision still counts
+// against the rate. An admission with an id settles once: a second Settle of it (another
+// delivery of the same run, or a retried write that had landed) finds it closed and changes
+// nothing, so a write whose answer was lost is tried again.
 func (t *Ticket) Settle(ctx context.Context, actual Actual) error {
 	t.mu.Lock()
 	if t.settled || t.dayKey == "" {
@@ -572,27 +628,48 @@ func (t *Ticket) Settle(ctx context.Context, actual Actual) error {
 	} else if t.rule.USDPerDay > 0 {
 		dNano = -t.estNano
 	}
-	if dTokens == 0 && dNano == 0 {
-		return nil // the estimate was right: nothing to write
+	if dTokens == 0 && dNano == 0 && t.id == "" {
+		return nil // the estimate was right and nothing is open: nothing to write
 	}
 	key := t.dayKey
-	err := t.b.update(ctx, key, mustLand*t.b.maxAttempts, func(cur []byte) ([]byte, error) {
-		if cur == nil {
-			return nil, nil // the day's counters are gone (48 h later): nothing to correct
+	write := func() error {
+		return t.b.update(ctx, key, mustLand*t.b.maxAttempts, func(cur []byte) ([]byte, error) {
+			if cur == nil {
+				return nil, nil // the day's counters are gone (48 h later): nothing to correct
+			}
+			var c dayCounter
+			if err := json.Unmarshal(cur, &c); err != nil {
+				return nil, fmt.Errorf("budget: counter %s is unreadable: %w", key, err)
+			}
+			if t.id != "" {
+				i := c.open(t.id)
+				if i < 0 {
+					return nil, nil // closed already: this settlement landed, or another's did
+				}
+				c.Open = slices.Delete(c.Open, i, i+1)
+			}
+			c.Tokens = satAdd(c.Tokens, dTokens)
+			c.NanoUSD = satAdd(c.NanoUSD, dNano)
+			return json.Marshal(c)
+		})
+	}
+	err := write()
+	// Without an id a retry could correct twice; with one it is safe, and a settlement lost
+	// in a NATS election would otherwise leave the estimate charged for the day.
+	for try := 1; err != nil && t.id != "" && !errors.Is(err, errContention) && try < settleTries; try++ {
+		if serr := sleep(ctx, time.Duration(try)*250*time.Millisecond); serr != nil {
+			break
 		}
-		var c dayCounter
-		if err := json.Unmarshal(cur, &c); err != nil {
-			return nil, fmt.Errorf("budget: counter %s is unreadable: %w", key, err)
-		}
-		c.Tokens = satAdd(c.Tokens, dTokens)
-		c.NanoUSD = satAdd(c.NanoUSD, dNano)
-		return json.Marshal(c)
-	})
+		err = write()
+	}
 	if err != nil {
 		return fmt.Errorf("budget: settle %s: %w", t.caller, err)
 	}
 	return nil
 }
+
+// settleTries bounds how often a settlement whose write failed is tried (over about 10 s).
+const settleTries = 8
 
 // Release frees the call's in-flight slot (a no-op without one). If it fails, the slot is
 // freed all the same when its lease lapses, within LeaseTTL: it is no longer extended.

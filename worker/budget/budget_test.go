@@ -646,3 +646,87 @@ func TestAbsurdUsageSpendsTheBudgetInsteadOfWrappingIt(t *testing.T) {
 }
 
 func ptr(f float64) *float64 { return &f }
+
+// TestARunIsChargedOnceWhateverItsReplicaDid is issue 24's budget finding: a run whose
+// replica died during the call (or whose admission's answer was lost in a NATS election)
+// was charged again when its next delivery was admitted, and its first estimate was never
+// refunded, so a budget of N paid for fewer than N runs. An admission named by the run stays
+// open until settled, and the run's next delivery is admitted on that same charge.
+func TestARunIsChargedOnceWhateverItsReplicaDid(t *testing.T) {
+	clk := newClock(noon)
+	_, reps := fleet(t, 2, func(_ int, c *Config) { c.Now = clk.Now })
+	ctx := context.Background()
+	rule := limits.Rule{Name: "day", Caller: "billing", USDPerDay: 0.05}
+	cent := 0.01
+	for i := range 5 {
+		id := fmt.Sprintf("run-%d", i)
+		// The first delivery is admitted and its replica dies: never settled.
+		d, err := reps[0].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: id})
+		if err != nil || d.Outcome != Admitted {
+			t.Fatalf("%s, first delivery: %+v %v", id, d, err)
+		}
+		// The run comes back on the other replica: admitted on the open charge, settled.
+		d, err = reps[1].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: id})
+		if err != nil || d.Outcome != Admitted {
+			t.Fatalf("%s, redelivery: %+v %v", id, d, err)
+		}
+		if err := d.Ticket.Settle(ctx, Actual{USD: &cent}); err != nil {
+			t.Fatal(err)
+		}
+		// A settlement of the same admission again (a retried write that had landed) changes
+		// nothing.
+		if err := d.Ticket.Settle(ctx, Actual{USD: &cent}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := counter(t, reps[0].kv, "billing", "day", clk.Now())
+	if c.NanoUSD != nano(0.05) || c.Admitted != 5 || len(c.Open) != 0 {
+		t.Fatalf("after five runs each admitted twice: %+v; want 0.05 USD, 5 admitted, nothing open", c)
+	}
+	d, err := reps[0].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: "run-6"})
+	if err != nil || d.Outcome != Exceeded {
+		t.Fatalf("the sixth run: %+v %v; want exceeded", d, err)
+	}
+}
+
+// A run whose earlier delivery failed without an answer (refunded: settled with nothing) is
+// charged again when a later delivery is admitted: its open charge was closed.
+func TestARefundedRunIsChargedAgainWhenItRunsAgain(t *testing.T) {
+	clk := newClock(noon)
+	_, reps := fleet(t, 1, func(_ int, c *Config) { c.Now = clk.Now })
+	ctx := context.Background()
+	rule := limits.Rule{Name: "day", Caller: "billing", USDPerDay: 1}
+	cent := 0.01
+	d, _ := reps[0].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: "r"})
+	if err := d.Ticket.Settle(ctx, Actual{}); err != nil { // the provider failed: nothing used
+		t.Fatal(err)
+	}
+	if c := counter(t, reps[0].kv, "billing", "day", clk.Now()); c.NanoUSD != 0 || len(c.Open) != 0 {
+		t.Fatalf("after the refund: %+v", c)
+	}
+	d, _ = reps[0].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: "r"})
+	if err := d.Ticket.Settle(ctx, Actual{USD: &cent}); err != nil {
+		t.Fatal(err)
+	}
+	if c := counter(t, reps[0].kv, "billing", "day", clk.Now()); c.NanoUSD != nano(cent) || c.Admitted != 2 {
+		t.Fatalf("after the answer: %+v", c)
+	}
+}
+
+// The open admissions of a day are bounded: runs that never come back cannot grow the
+// counter without end.
+func TestOpenAdmissionsAreBounded(t *testing.T) {
+	clk := newClock(noon)
+	_, reps := fleet(t, 1, func(_ int, c *Config) { c.Now = clk.Now })
+	ctx := context.Background()
+	rule := limits.Rule{Name: "day", Caller: "billing", InputTokensPerDay: 1 << 40}
+	for i := range maxOpen + 10 {
+		if d, err := reps[0].b.Admit(ctx, "billing", rule, Estimate{InputTokens: 1, ID: fmt.Sprint("lost-", i)}); err != nil || d.Outcome != Admitted {
+			t.Fatalf("%d: %+v %v", i, d, err)
+		}
+	}
+	c := counter(t, reps[0].kv, "billing", "day", clk.Now())
+	if len(c.Open) != maxOpen || c.Open[0].ID != "lost-10" || c.Tokens != maxOpen+10 {
+		t.Fatalf("%d open (first %q), %d tokens", len(c.Open), c.Open[0].ID, c.Tokens)
+	}
+}
