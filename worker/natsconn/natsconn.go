@@ -350,3 +350,30 @@ func (l serverLogger) Fatalf(format string, v ...any)  { l.log.Error().Msgf(form
 func (l serverLogger) Errorf(format string, v ...any)  { l.log.Error().Msgf(format, v...) }
 func (l serverLogger) Debugf(format string, v ...any)  { l.log.Trace().Msgf(format, v...) }
 func (l serverLogger) Tracef(format string, v ...any)  { l.log.Trace().Msgf(format, v...) }
+
+// RunServer runs a nats-server from a configuration file, as `nats-server -c FILE` does, until
+// ctx ends, logging to standard error. `sys1 soak` runs its NATS nodes with it, so the nodes it
+// kills are the nats-server go.mod requires, with no second binary to install.
+func RunServer(ctx context.Context, configFile string) error {
+	opts, err := server.ProcessConfigFile(configFile)
+	if err != nil {
+		return fmt.Errorf("nats-server config %s: %w", configFile, err)
+	}
+	opts.ConfigFile = configFile
+	opts.NoSigs = true // ctx carries SIGTERM and SIGINT
+	opts.Logtime = true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return fmt.Errorf("nats-server: %w", err)
+	}
+	s.ConfigureLogger()
+	s.Start()
+	if !s.ReadyForConnections(60 * time.Second) {
+		s.Shutdown()
+		return fmt.Errorf("nats-server: not ready for connections within 60s")
+	}
+	<-ctx.Done()
+	s.Shutdown()
+	s.WaitForShutdown()
+	return nil
+}

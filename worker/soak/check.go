@@ -33,8 +33,8 @@ type Violation struct {
 	From, To time.Time
 }
 
-// Result is one check's outcome: how many things it looked at, and what it found wrong.
-type Result struct {
+// CheckResult is one check's outcome: how many things it looked at, and what it found wrong.
+type CheckResult struct {
 	Check      string
 	Checked    int
 	Violations []Violation
@@ -45,7 +45,7 @@ type Result struct {
 
 // Report is every check's result.
 type Report struct {
-	Results []Result
+	Results []CheckResult
 }
 
 // Violations are all the violations, check by check.
@@ -58,13 +58,13 @@ func (r Report) Violations() []Violation {
 }
 
 // Result returns one check's result.
-func (r Report) Result(check string) Result {
+func (r Report) Result(check string) CheckResult {
 	for _, res := range r.Results {
 		if res.Check == check {
 			return res
 		}
 	}
-	return Result{Check: check}
+	return CheckResult{Check: check}
 }
 
 // StoreRetry bounds how long after a model's answer a worker may still have been storing it
@@ -75,7 +75,7 @@ const StoreRetry = 2*time.Minute + 30*time.Second
 // Check judges the observations. It is pure: the same observations give the same report.
 func Check(o Observations) Report {
 	c := newChecker(o)
-	return Report{Results: []Result{
+	return Report{Results: []CheckResult{
 		c.answered(), c.scored(), c.holds(), c.budgets(), c.batch(), c.records(), c.labelRows(), c.consumers(), c.processes(),
 	}}
 }
@@ -144,8 +144,8 @@ func (c *checker) window(r *Request) (time.Time, time.Time) {
 	return r.PublishedAt, to
 }
 
-func (c *checker) answered() Result {
-	res := Result{Check: CheckAnswered}
+func (c *checker) answered() CheckResult {
+	res := CheckResult{Check: CheckAnswered}
 	unacked := 0
 	for i := range c.o.Requests {
 		r := &c.o.Requests[i]
@@ -203,8 +203,8 @@ func describe(r Reply, start time.Time) string {
 // a failure none. An extra answer is excused only when the worker that got it was killed
 // before it could have stored it (then the run's next delivery asks again: the one way a run
 // is scored twice, documented). Failed calls (programmed faults, timeouts) score nothing.
-func (c *checker) scored() Result {
-	res := Result{Check: CheckScored}
+func (c *checker) scored() CheckResult {
+	res := CheckResult{Check: CheckScored}
 	type tally struct {
 		runs     []string
 		expected int
@@ -252,7 +252,7 @@ func (c *checker) scored() Result {
 			t.to = to
 		}
 	}
-	if b := c.o.Batch; b != nil {
+	for _, b := range c.o.Batches {
 		status := map[string]string{}
 		for _, l := range b.Lines {
 			status[l.CustomID] = l.Status
@@ -355,8 +355,8 @@ func firstAt(rs []Reply) time.Time {
 	return t
 }
 
-func (c *checker) holds() Result {
-	res := Result{Check: CheckHolds}
+func (c *checker) holds() CheckResult {
+	res := CheckResult{Check: CheckHolds}
 	for i := range c.o.Requests {
 		r := &c.o.Requests[i]
 		if r.Kind != KindHold || !r.Acked() {
@@ -431,8 +431,8 @@ func (c *checker) reviewLabels(runID, question string) []Label {
 
 // budgets: a caller with a day budget of N decisions gets exactly N answers from the model
 // when it asks for more — never N+1, and none refused while some budget is left.
-func (c *checker) budgets() Result {
-	res := Result{Check: CheckBudgets}
+func (c *checker) budgets() CheckResult {
+	res := CheckResult{Check: CheckBudgets}
 	for _, b := range c.o.Budgets {
 		res.Checked++
 		admitted, refused := 0, 0
@@ -485,20 +485,30 @@ func (c *checker) budgets() Result {
 
 func utcDay(t time.Time) string { return t.UTC().Format("2006-01-02") }
 
-func (c *checker) batch() Result {
-	res := Result{Check: CheckBatch}
-	b := c.o.Batch
-	if b == nil {
+func (c *checker) batch() CheckResult {
+	res := CheckResult{Check: CheckBatch}
+	if len(c.o.Batches) == 0 {
 		res.Notes = append(res.Notes, "no batch ran")
 		return res
 	}
-	res.Checked = len(b.Items)
+	for _, b := range c.o.Batches {
+		c.batchOne(&res, b)
+	}
+	return res
+}
+
+func (c *checker) batchOne(res *CheckResult, b BatchOutcome) {
+	res.Checked += len(b.Items)
 	bad := func(ids []string, format string, args ...any) {
-		res.Violations = append(res.Violations, Violation{Check: res.Check, RunIDs: firstN(ids, 20), From: c.o.Start, To: c.o.End, Detail: fmt.Sprintf(format, args...)})
+		res.Violations = append(res.Violations, Violation{Check: res.Check, RunIDs: firstN(ids, 20), From: c.o.Start, To: c.o.End,
+			Detail: fmt.Sprintf("batch %s: ", b.ID) + fmt.Sprintf(format, args...)})
+	}
+	if b.Restarts > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("batch %s: its command was killed and run again %d times (resumed)", b.ID, b.Restarts))
 	}
 	if !b.Finished {
 		bad(nil, "sys1 batch never wrote its result file (exit status %d)", b.ExitCode)
-		return res
+		return
 	}
 	if b.ExitCode != 0 && b.ExitCode != 1 {
 		bad(nil, "sys1 batch exited %d (0: every item succeeded, 1: some failed)", b.ExitCode)
@@ -540,13 +550,12 @@ func (c *checker) batch() Result {
 	if len(b.Lines) != len(b.Items) {
 		bad(nil, "%d result lines for %d input lines", len(b.Lines), len(b.Items))
 	}
-	return res
 }
 
 // records: every run that was answered has exactly one row under FINAL, with the status its
 // reply said; held runs too (their record is written when they finish, before the hold).
-func (c *checker) records() Result {
-	res := Result{Check: CheckRecords}
+func (c *checker) records() CheckResult {
+	res := CheckResult{Check: CheckRecords}
 	if !c.o.RowsRead {
 		res.Violations = append(res.Violations, Violation{Check: res.Check, From: c.o.Start, To: c.o.End, Detail: "ClickHouse could not be read"})
 		return res
@@ -564,7 +573,7 @@ func (c *checker) records() Result {
 			want[r.RunID] = "" // held and never released: recorded all the same, any status
 		}
 	}
-	if b := c.o.Batch; b != nil {
+	for _, b := range c.o.Batches {
 		for _, l := range b.Lines {
 			want[l.RunID] = l.Status
 		}
@@ -612,8 +621,8 @@ func (c *checker) records() Result {
 // labels: every accepted label has its row under FINAL (the latest of its run and question),
 // every producer label JetStream acknowledged was accepted, and no review item was accepted
 // twice (the first label wins).
-func (c *checker) labelRows() Result {
-	res := Result{Check: CheckLabels}
+func (c *checker) labelRows() CheckResult {
+	res := CheckResult{Check: CheckLabels}
 	bad := func(ids []string, format string, args ...any) {
 		sort.Strings(ids)
 		res.Violations = append(res.Violations, Violation{Check: res.Check, RunIDs: firstN(ids, 20), From: c.o.Start, To: c.o.End, Detail: fmt.Sprintf(format, args...)})
@@ -693,8 +702,8 @@ func (c *checker) labelRows() Result {
 	return res
 }
 
-func (c *checker) consumers() Result {
-	res := Result{Check: CheckConsumers}
+func (c *checker) consumers() CheckResult {
+	res := CheckResult{Check: CheckConsumers}
 	for _, cs := range c.o.Consumers {
 		res.Checked++
 		switch {
@@ -709,8 +718,8 @@ func (c *checker) consumers() Result {
 	return res
 }
 
-func (c *checker) processes() Result {
-	res := Result{Check: CheckProcesses}
+func (c *checker) processes() CheckResult {
+	res := CheckResult{Check: CheckProcesses}
 	for _, p := range append(append([]Incarnation(nil), c.o.Workers...), c.o.Processes...) {
 		res.Checked++
 		if p.OnItsOwn() {

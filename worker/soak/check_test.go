@@ -83,9 +83,9 @@ func newHealthy() *healthy {
 	reply("b-2", 11.1, Reply{Status: "failed", ErrorCode: "SYS1_BUDGET_EXCEEDED"})
 	row("b-2", "soak-budget", "failed")
 
-	o.Batch = &BatchOutcome{Finished: true, ExitCode: 0,
+	o.Batches = []BatchOutcome{{ID: "bt", Finished: true, ExitCode: 0,
 		Items: []BatchItem{{CustomID: "i-1", Key: "bt:i-1"}, {CustomID: "i-2", Key: "bt:i-2"}},
-		Lines: []BatchLine{{CustomID: "i-1", RunID: "bt:i-1", Status: "success", Line: 1}, {CustomID: "i-2", RunID: "bt:i-2", Status: "success", Line: 2}}}
+		Lines: []BatchLine{{CustomID: "i-1", RunID: "bt:i-1", Status: "success", Line: 1}, {CustomID: "i-2", RunID: "bt:i-2", Status: "success", Line: 2}}}}
 	call("bt:i-1", 1, 20)
 	call("bt:i-2", 2, 21)
 	row("bt:i-1", "soak-batch", "success")
@@ -292,14 +292,14 @@ func TestCheckDetectsABudgetRefusedTooEarly(t *testing.T) {
 
 func TestCheckDetectsMissingAndDoubledBatchLines(t *testing.T) {
 	h := newHealthy()
-	h.Batch.Lines = h.Batch.Lines[:1]
+	h.Batches[0].Lines = h.Batches[0].Lines[:1]
 	h.Rows = h.Rows[:len(h.Rows)-1] // no line, no record expected either
 	h.Calls = h.Calls[:len(h.Calls)-1]
-	h.Batch.Items[1].Key = "bt:i-2"
+	h.Batches[0].Items[1].Key = "bt:i-2"
 	expectViolation(t, h.Observations, CheckBatch, "i-2", "have no result line")
 
 	h = newHealthy()
-	h.Batch.Lines = append(h.Batch.Lines, BatchLine{CustomID: "i-1", RunID: "bt:i-1", Status: "success", Line: 3})
+	h.Batches[0].Lines = append(h.Batches[0].Lines, BatchLine{CustomID: "i-1", RunID: "bt:i-1", Status: "success", Line: 3})
 	expectViolation(t, h.Observations, CheckBatch, "i-1", "more than one result line")
 }
 

@@ -28,8 +28,8 @@ type Observations struct {
 	SentLabels []SentLabel
 	// Budgets are the callers with a day budget and how many decisions it pays for.
 	Budgets []Budget
-	// Batch is the running sys1 batch; nil when the soak ran none.
-	Batch *BatchOutcome
+	// Batches are the sys1 batches the soak ran, one after another.
+	Batches []BatchOutcome
 	// Rows are ClickHouse's run records under FINAL, and LabelRows its labels under FINAL, of
 	// the soak's callers. RowsRead is false when ClickHouse could not be read at all.
 	Rows      []Row
@@ -192,8 +192,11 @@ type Budget struct {
 	Limit  int
 }
 
-// BatchOutcome is what the running sys1 batch was given and wrote.
+// BatchOutcome is what one sys1 batch was given and wrote.
 type BatchOutcome struct {
+	// ID is the batch id (--id); Restarts how often its command was killed and run again.
+	ID       string
+	Restarts int
 	// Items are the custom ids of its input lines, in order, with the key each item's state
 	// carries.
 	Items []BatchItem

@@ -37,7 +37,11 @@ func (e Event) String(start time.Time) string {
 }
 
 func offset(start, t time.Time) string {
-	return "+" + t.Sub(start).Truncate(100*time.Millisecond).String()
+	d := t.Sub(start).Truncate(100 * time.Millisecond)
+	if d < 0 {
+		return d.String()
+	}
+	return "+" + d.String()
 }
 
 // Timeline records events as they happen; it is safe for concurrent use. Events print as they
@@ -52,6 +56,13 @@ type Timeline struct {
 
 // NewTimeline starts a timeline at start.
 func NewTimeline(start time.Time, out io.Writer) *Timeline { return &Timeline{Start: start, Out: out} }
+
+// setStart moves the timeline's zero (the load's start, once the fleet is ready).
+func (t *Timeline) setStart(start time.Time) {
+	t.mu.Lock()
+	t.Start = start
+	t.mu.Unlock()
+}
 
 // Add records e (and prints it).
 func (t *Timeline) Add(e Event) {
