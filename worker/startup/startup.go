@@ -78,8 +78,11 @@ type Retry struct {
 	Log zerolog.Logger
 	// Min and Max bound the back-off between tries [500ms, 10s]; it doubles each time, ±20%.
 	Min, Max time.Duration
-	// PerTry bounds one try [30s]: a try that hangs (a request nobody answers) is cut short
-	// and counted as transient.
+	// PerTry, when set, bounds one whole try. Unset, each JetStream API call inside a try is
+	// bounded by jetstream's own timeout (5 s), which is what cuts a hung request short: a
+	// deadline over the whole try would let one unanswered request hold up the retry that
+	// long (two replicas creating the same R3 bucket at once on a fresh cluster, one got no
+	// answer for as long as the caller was willing to wait).
 	PerTry time.Duration
 	// LastError, when set, is the connection's last asynchronous error (nats.Conn.LastError).
 	// A request the server refused for permissions is never answered, so it ends as a
@@ -93,20 +96,20 @@ type Retry struct {
 // Do runs step until it returns nil (Do returns nil), a permanent error (returned at once), or
 // ctx ends (the last error, wrapped with ctx's).
 func (r Retry) Do(ctx context.Context, step func(ctx context.Context) error) error {
-	lo, hi, perTry := r.Min, r.Max, r.PerTry
+	lo, hi := r.Min, r.Max
 	if lo <= 0 {
 		lo = 500 * time.Millisecond
 	}
 	if hi < lo {
 		hi = max(10*time.Second, lo)
 	}
-	if perTry <= 0 {
-		perTry = 30 * time.Second
-	}
 	wait := lo
 	started := time.Now()
 	for attempt := 1; ; attempt++ {
-		tctx, cancel := context.WithTimeout(ctx, perTry)
+		tctx, cancel := ctx, context.CancelFunc(func() {})
+		if r.PerTry > 0 {
+			tctx, cancel = context.WithTimeout(ctx, r.PerTry)
+		}
 		err := step(tctx)
 		cancel()
 		if err == nil {

@@ -53,6 +53,7 @@ func fast() Retry {
 
 func TestRetryWaitsOutTransientErrors(t *testing.T) {
 	r := fast()
+	r.PerTry = time.Minute
 	var waits []error
 	r.OnWait = func(err error, _ time.Duration) { waits = append(waits, err) }
 	tries := 0
