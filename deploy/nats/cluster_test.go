@@ -97,6 +97,9 @@ func TestClusterConfigFromDeploy(t *testing.T) {
 		if !o.JetStream || o.StoreDir != single.StoreDir || o.MaxPayload != single.MaxPayload || o.HTTPHost != single.HTTPHost {
 			t.Errorf("JetStream %v in %q, max_payload %d, monitoring on %q: want nats-server.conf's", o.JetStream, o.StoreDir, o.MaxPayload, o.HTTPHost)
 		}
+		if !o.SyncAlways || !single.SyncAlways {
+			t.Errorf("sync_interval %s (always %v): sys1's nodes write every message to disk before its ack", o.SyncInterval, o.SyncAlways)
+		}
 		nodes = append(nodes, o)
 	}
 	if t.Failed() {
@@ -193,6 +196,7 @@ func TestHelmValuesRunTheServerConfig(t *testing.T) {
 				FileStore struct {
 					PVC struct{ Size string } `yaml:"pvc"`
 				} `yaml:"fileStore"`
+				Merge map[string]string
 			} `yaml:"jetstream"`
 			Merge map[string]string
 		}
@@ -226,6 +230,11 @@ func TestHelmValuesRunTheServerConfig(t *testing.T) {
 	if err := os.WriteFile(dir+"/"+include, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The chart's jetstream block replaces the included one: config.jetstream.merge goes into it.
+	var jsMerged string
+	for k, val := range v.Config.JetStream.Merge {
+		jsMerged += ", " + k + ": " + val
+	}
 	var merged []string
 	for k, val := range v.Config.Merge {
 		if !strings.HasSuffix(k, "$include") {
@@ -239,9 +248,9 @@ lame_duck_duration: 30s
 port: 4222
 http_port: 8222
 cluster { name: nats, port: 6222, no_advertise: true, routes: [nats://nats-0.nats-headless:6222, nats://nats-1.nats-headless:6222, nats://nats-2.nats-headless:6222] }
-jetstream { max_memory_store: 0, store_dir: /data, max_file_store: %s }
+jetstream { max_memory_store: 0, store_dir: /data, max_file_store: %s%s }
 %s
-`, include, v.Config.JetStream.FileStore.PVC.Size, strings.Join(merged, "\n"))
+`, include, v.Config.JetStream.FileStore.PVC.Size, jsMerged, strings.Join(merged, "\n"))
 	if err := os.WriteFile(dir+"/nats.conf", []byte(rendered), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -256,6 +265,9 @@ jetstream { max_memory_store: 0, store_dir: /data, max_file_store: %s }
 	}
 	if why := sameUsers(single, o); why != "" {
 		t.Errorf("users differ from nats-server.conf's: %s", why)
+	}
+	if !o.SyncAlways {
+		t.Errorf("the chart's nodes leave JetStream's sync_interval at %s; sys1 ships always (config.jetstream.merge)", o.SyncInterval)
 	}
 	if o.HTTPHost != "0.0.0.0" || o.HTTPPort != 8222 {
 		t.Errorf("monitoring on %s:%d; the chart's probes and KEDA need it on the pod's address, port 8222", o.HTTPHost, o.HTTPPort)

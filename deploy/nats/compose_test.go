@@ -6,8 +6,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// The compose file's server configuration loads, with JetStream and the payload size sys1
-// needs (SYS1_MAX_MSG_SIZE defaults to 8 MiB).
+// The compose file's server configuration loads, with JetStream, the payload size sys1 needs
+// (SYS1_MAX_MSG_SIZE defaults to 8 MiB) and the durability sys1 ships (sync_interval always).
 func TestComposeConfigLoads(t *testing.T) {
 	opts, err := server.ProcessConfigFile("compose.conf")
 	if err != nil {
@@ -21,5 +21,8 @@ func TestComposeConfigLoads(t *testing.T) {
 	}
 	if opts.Port != 4222 || opts.HTTPPort != 8222 {
 		t.Errorf("ports %d/%d", opts.Port, opts.HTTPPort)
+	}
+	if !opts.SyncAlways {
+		t.Errorf("compose.conf leaves JetStream's sync_interval at %s; sys1 ships always (every write on disk before its ack)", opts.SyncInterval)
 	}
 }

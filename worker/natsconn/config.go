@@ -46,11 +46,16 @@ type Config struct {
 	DataDir    string `env:"SYS1_DATA_DIR" envDefault:"./data"`
 	Listen     string `env:"SYS1_NATS_LISTEN" envDefault:"127.0.0.1:4222"`
 	MaxPayload int32  `env:"SYS1_NATS_MAX_PAYLOAD" envDefault:"8388608"`
+	// SyncInterval is the embedded server's JetStream sync_interval: "always" (every write
+	// reaches the disk before JetStream acknowledges it) or how often it flushes to disk
+	// instead (a duration; nats-server's own default is 2m, which a power loss or kernel crash
+	// can cost acknowledged messages). See deploy/performance.md for what "always" costs.
+	SyncInterval string `env:"SYS1_NATS_SYNC_INTERVAL" envDefault:"always"`
 }
 
 // DefaultConfig is what env parsing yields with nothing set.
 func DefaultConfig() Config {
-	return Config{DataDir: "./data", Listen: "127.0.0.1:4222", MaxPayload: 8 << 20, PingInterval: 20 * time.Second}
+	return Config{DataDir: "./data", Listen: "127.0.0.1:4222", MaxPayload: 8 << 20, PingInterval: 20 * time.Second, SyncInterval: SyncAlways}
 }
 
 // maxServerPayload is nats-server's hard limit for max_payload.
@@ -153,6 +158,9 @@ func (c *Config) Validate() []error {
 		if _, _, err := splitListen(c.Listen); err != nil {
 			add("SYS1_NATS_LISTEN: %v", err)
 		}
+		if _, _, err := ParseSyncInterval(c.SyncInterval); err != nil {
+			add("SYS1_NATS_SYNC_INTERVAL: %v", err)
+		}
 	}
 	if c.PingInterval < 100*time.Millisecond || c.PingInterval > 10*time.Minute {
 		add("SYS1_NATS_PING_INTERVAL: must be between 100ms and 10m, got %s", c.PingInterval)
@@ -246,3 +254,21 @@ func RedactURLs(urls string) string {
 // Secret is the one secret type of sys1's configuration: it never prints (see
 // contract.Secret).
 type Secret = contract.Secret
+
+// SyncAlways is the sync_interval that makes JetStream write every message to disk before it
+// acknowledges it: what sys1's shipped NATS configurations and its embedded server use.
+const SyncAlways = "always"
+
+// ParseSyncInterval reads a JetStream sync_interval: "always", or a positive duration between
+// background flushes. Empty means "always".
+func ParseSyncInterval(s string) (always bool, every time.Duration, err error) {
+	switch strings.TrimSpace(s) {
+	case "", SyncAlways:
+		return true, 0, nil
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil || d <= 0 {
+		return false, 0, fmt.Errorf("%q is neither %q nor a positive duration (e.g. 2m)", s, SyncAlways)
+	}
+	return false, d, nil
+}

@@ -86,7 +86,7 @@ func Connect(ctx context.Context, cfg Config, name string, log zerolog.Logger) (
 			return nil, fmt.Errorf("SYS1_DATA_DIR %q: %w", cfg.DataDir, err)
 		}
 		embedded, err = StartEmbedded(EmbeddedOptions{
-			Host: host, Port: port, StoreDir: storeDir, MaxPayload: cfg.MaxPayload,
+			Host: host, Port: port, StoreDir: storeDir, MaxPayload: cfg.MaxPayload, SyncInterval: cfg.SyncInterval,
 			User: cfg.User, Password: cfg.Password.Reveal(), Token: cfg.Token.Reveal(), Logger: &log,
 		})
 		if err != nil {
@@ -259,6 +259,9 @@ type EmbeddedOptions struct {
 	MaxPayload int32  // default 8 MiB
 	// Optional client authentication: user and password, or a token.
 	User, Password, Token string
+	// SyncInterval is JetStream's sync_interval (ParseSyncInterval): "always" unless said
+	// otherwise; with a ConfigFile and no SyncInterval, the file's setting stands.
+	SyncInterval string
 	// ConfigFile, when set, is loaded first (nats-server.conf syntax); the fields above then
 	// override its listen address and store directory. Tests load deploy/nats with it.
 	ConfigFile string
@@ -308,6 +311,18 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 	}
 	if opts.ServerName == "" {
 		opts.ServerName = "sys1-embedded"
+	}
+	if o.ConfigFile == "" || o.SyncInterval != "" {
+		// Durability is chosen, not inherited: nats-server's default flushes every two
+		// minutes, and a power loss then loses messages JetStream had acknowledged.
+		always, every, err := ParseSyncInterval(o.SyncInterval)
+		if err != nil {
+			return nil, fmt.Errorf("embedded NATS server: sync interval: %w", err)
+		}
+		opts.SyncAlways, opts.SyncInterval = always, every
+		if always {
+			opts.SyncInterval = 2 * time.Minute // unused while every write syncs; nats-server's value
+		}
 	}
 	switch {
 	case o.User != "":

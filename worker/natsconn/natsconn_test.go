@@ -489,3 +489,32 @@ func TestReconnectSurvivesRepeatedAuthErrors(t *testing.T) {
 	}
 	assertNoSecret(t, password, logs.String())
 }
+
+// The embedded server's durability is chosen, not inherited (issue 24): every write reaches
+// the disk before JetStream acknowledges it unless SYS1_NATS_SYNC_INTERVAL says otherwise.
+func TestEmbeddedServerSyncsEveryWriteByDefault(t *testing.T) {
+	for _, tc := range []struct {
+		setting string
+		always  bool
+		every   time.Duration
+	}{{"", true, 2 * time.Minute}, {"always", true, 2 * time.Minute}, {"30s", false, 30 * time.Second}} {
+		srv, err := StartEmbedded(EmbeddedOptions{Port: -1, StoreDir: t.TempDir(), SyncInterval: tc.setting})
+		if err != nil {
+			t.Fatal(err)
+		}
+		js := srv.JetStreamConfig()
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		if js == nil || js.SyncAlways != tc.always || js.SyncInterval != tc.every {
+			t.Errorf("SyncInterval %q: JetStream config %+v; want always %v every %s", tc.setting, js, tc.always, tc.every)
+		}
+	}
+	if _, err := StartEmbedded(EmbeddedOptions{Port: -1, StoreDir: t.TempDir(), SyncInterval: "sometimes"}); err == nil {
+		t.Error("a bad sync interval was accepted")
+	}
+	cfg := DefaultConfig()
+	cfg.SyncInterval = "-1s"
+	if errs := cfg.Validate(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "SYS1_NATS_SYNC_INTERVAL") {
+		t.Errorf("validation: %v", errs)
+	}
+}

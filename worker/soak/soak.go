@@ -35,10 +35,12 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sys1hq/sys1/sink"
+	"github.com/sys1hq/sys1/worker/natsconn"
 )
 
-// DefaultSyncInterval is the NATS nodes' JetStream sync_interval: what deploy/nats ships.
-const DefaultSyncInterval = "always"
+// DefaultSyncInterval is the NATS nodes' JetStream sync_interval: what deploy/nats ships and
+// the embedded server uses.
+const DefaultSyncInterval = natsconn.SyncAlways
 
 // Options size a soak.
 type Options struct {
