@@ -502,7 +502,6 @@ func (r *runner) publisher(ctx context.Context) {
 // publish can succeed.
 func (r *runner) publish(ctx context.Context, m *nats.Msg) error {
 	wait := 100 * time.Millisecond
-	var noStream int
 	for attempt := 1; ; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		_, err := r.js.PublishMsg(pctx, m)
@@ -522,8 +521,9 @@ func (r *runner) publish(ctx context.Context, m *nats.Msg) error {
 		case errors.Is(err, nats.ErrConnectionClosed):
 			return &fatalError{fmt.Errorf("publish to %s: %w", m.Subject, err)}
 		case errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders):
-			// Also seen for a moment while a stream's leader changes; a few tries tell.
-			if noStream++; noStream >= 5 {
+			// No stream at all, or one between leaders (a NATS node died: its election takes
+			// seconds)? JetStream says; only the first is fatal.
+			if errors.Is(client.NoStream(ctx, r.js, m.Subject, err), client.ErrNoStream) {
 				return &fatalError{ErrNoStream}
 			}
 		}

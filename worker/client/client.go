@@ -4,7 +4,7 @@
 //	nc, _ := nats.Connect(url, nats.CustomInboxPrefix("_INBOX.billing")) // an inbox this user may read
 //	c, _ := client.New(nc)
 //	reply, err := c.Decide(ctx, client.Request{Caller: "billing", Body: body})
-//	if err != nil { ... }           // no reply: ErrNoStream, ErrDuplicate (an earlier publish of this run id gets it), ErrQuotaExceeded, ErrStreamFull, transport trouble
+//	if err != nil { ... }           // no reply: ErrNoStream, ErrNoLeader (publish again), ErrDuplicate (an earlier publish of this run id gets it), ErrQuotaExceeded, ErrStreamFull, transport trouble
 //	if reply.Status == "failed" { ... reply.Error.Code ... }
 //	runID, err := c.Publish(ctx, client.Request{Caller: "billing", Body: body}) // fire and forget
 //
@@ -52,6 +52,24 @@ const SubjectPrefix = "sys1.decide."
 // ErrNoStream means nothing stores requests on that subject: no worker has created the
 // SYS1_REQUESTS stream yet (or NATS permissions hide it).
 var ErrNoStream = errors.New("no JetStream stream accepts sys1.decide.*: is a sys1 worker running against this NATS?")
+
+// ErrNoLeader means the stream that stores requests on the subject exists but could not take
+// this one: it has no leader right now (a NATS node died and its replicas are electing one,
+// which takes seconds). Nothing was stored; publish again.
+var ErrNoLeader = errors.New("the request stream has no leader right now (a NATS election); nothing was stored: publish again")
+
+// NoStream tells, for a publish to subject that got no responder (err), whether no stream
+// stores that subject at all (ErrNoStream) or the stream is between leaders (ErrNoLeader, a
+// retry succeeds in a few seconds), by asking JetStream which stream holds the subject. When
+// JetStream cannot say (it is failing over too), it is ErrNoLeader.
+func NoStream(ctx context.Context, js jetstream.JetStream, subject string, err error) error {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, lerr := js.StreamNameBySubject(lctx, subject); errors.Is(lerr, jetstream.ErrStreamNotFound) {
+		return ErrNoStream
+	}
+	return fmt.Errorf("publish to %s: %w (%w)", subject, ErrNoLeader, err)
+}
 
 // ErrDuplicate means JetStream already stored a request with this de-duplication id (the run
 // id) within its window (2 minutes by default): this publish was dropped, and the reply goes
@@ -188,7 +206,7 @@ func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
 	ack, err := c.js.PublishMsg(ctx, m)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-			return ErrNoStream
+			return NoStream(ctx, c.js, m.Subject, err)
 		}
 		switch topology.Refused(err) {
 		case topology.RefusedQuota:

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
@@ -180,4 +181,42 @@ func TestDecideWithoutPermissionForItsInbox(t *testing.T) {
 	if err != nil || rep.RunID != "allowed-1" {
 		t.Fatalf("with the inbox prefix: %v", err)
 	}
+}
+
+// A request stream between leaders is not a missing one (issue 24: sys1 batch run gave up,
+// exit 2, "no JetStream stream accepts sys1.batch.*", while a NATS node's replicas elected a
+// new leader). With two of three nodes gone the stream has no leader: the publish is refused
+// with ErrNoLeader (publish again), never ErrNoStream; once a node is back it is stored.
+func TestPublishToALeaderlessStreamIsNotANoStream(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	nc, err := nats.Connect(c.URLs(0), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	topo := topology.Default()
+	topo.Replicas = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := topology.Ensure(ctx, js, topo); err != nil {
+		t.Fatal(err)
+	}
+	cl, _ := client.New(nc)
+	c.Shutdown(1)
+	c.Shutdown(2)
+	pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
+	_, err = cl.Publish(pctx, client.Request{Caller: "svc-a", Body: []byte(`{}`), RunID: "leaderless-1"})
+	pcancel()
+	if err == nil || errors.Is(err, client.ErrNoStream) {
+		t.Fatalf("publish to a stream without a leader: %v; want a retryable error, not ErrNoStream", err)
+	}
+	t.Logf("without a leader: %v (ErrNoLeader: %v)", err, errors.Is(err, client.ErrNoLeader))
+	c.Restart(1)
+	natstest.WaitFor(t, 60*time.Second, "the request stored once a node is back", func() bool {
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer pcancel()
+		_, err := cl.Publish(pctx, client.Request{Caller: "svc-a", Body: []byte(`{}`), RunID: "leaderless-1"})
+		return err == nil || errors.Is(err, client.ErrDuplicate)
+	})
 }
