@@ -19,6 +19,7 @@ import (
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider/ollamatest"
 	"github.com/sys1hq/sys1/worker/loadtest"
+	"github.com/sys1hq/sys1/worker/natsconn"
 )
 
 func init() {
@@ -75,6 +76,8 @@ type benchFlags struct {
 	memProfile      string
 	memSample       time.Duration
 	batch           int
+	natsNodes       int
+	natsSync        string
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -115,6 +118,8 @@ func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, 
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the run (generator and, with --self, the workers) to this file")
 	fs.StringVar(&f.memProfile, "memprofile", "", "write a heap profile (in-use memory when the last reply arrived) to this file")
 	fs.DurationVar(&f.memSample, "mem-sample", 250*time.Millisecond, "--self: memory sampling period")
+	fs.IntVar(&f.natsNodes, "nats-nodes", 1, "--self: NATS servers: 1 (R1 streams) or 3 (an in-process cluster, R3 streams and buckets, as deployed)")
+	fs.StringVar(&f.natsSync, "nats-sync", "always", "--self: the servers' JetStream sync_interval: always (as shipped: every write on disk before its ack) or a duration (2m: nats-server's default)")
 	fs.IntVar(&f.batch, "batch", 0, "--self: a batch of this many copies of the template drains beside the interactive load (published and read by the batch client; the load starts once the batch is draining and the batch stops when it ends); with -n 0, the batch alone")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -182,6 +187,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 			Replicas: f.replicas, Concurrency: f.concurrency, FetchBatch: f.fetchBatch, ConcurrencyMode: f.concurrencyMode,
 			ProviderLatency: f.providerLatency, ProviderSlots: f.providerSlots,
 			ProviderPerQuestion: f.perQuestion, ProviderPerStateKiB: f.perKiB, Logger: log,
+			NATSNodes: f.natsNodes, SyncInterval: f.natsSync,
 		})
 		if err != nil {
 			fmt.Fprintf(stderr, "sys1 bench: --self: %v\n", err)
@@ -343,7 +349,7 @@ func (f *benchFlags) runBesideBatch(ctx context.Context, bb *benchBatch, nc *nat
 }
 
 // selfOnly are the flags that only mean something with --self.
-var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "concurrency-mode", "provider-latency", "provider-slots", "provider-per-question", "provider-per-kib", "preload", "hold", "mem-sample", "batch"}
+var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "concurrency-mode", "provider-latency", "provider-slots", "provider-per-question", "provider-per-kib", "preload", "hold", "mem-sample", "batch", "nats-nodes", "nats-sync"}
 
 // check validates the flags; set holds the names given on the command line.
 func (f *benchFlags) check(set map[string]bool) error {
@@ -412,6 +418,12 @@ func (f *benchFlags) check(set map[string]bool) error {
 	if f.memSample <= 0 {
 		errs = append(errs, fmt.Errorf("--mem-sample must be positive, got %s", f.memSample))
 	}
+	if f.natsNodes != 1 && f.natsNodes != 3 {
+		errs = append(errs, fmt.Errorf("--nats-nodes must be 1 or 3, got %d", f.natsNodes))
+	}
+	if _, _, err := natsconn.ParseSyncInterval(f.natsSync); err != nil {
+		errs = append(errs, fmt.Errorf("--nats-sync: %v", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -432,6 +444,8 @@ type benchSetup struct {
 	ProviderPerQuestionMS float64 `json:"provider_per_question_ms,omitempty"`
 	ProviderPerKiBMS      float64 `json:"provider_per_kib_ms,omitempty"`
 	Preload               bool    `json:"preload,omitempty"`
+	NATSNodes             int     `json:"nats_nodes,omitempty"`
+	NATSSync              string  `json:"nats_sync,omitempty"`
 }
 
 func (f *benchFlags) setup(body []byte) benchSetup {
@@ -441,6 +455,7 @@ func (f *benchFlags) setup(body []byte) benchSetup {
 	}
 	if f.self {
 		s.Replicas, s.Concurrency, s.Preload = f.replicas, f.concurrency, f.preload
+		s.NATSNodes, s.NATSSync = f.natsNodes, f.natsSync
 		s.ProviderLatencyMS = float64(f.providerLatency.Microseconds()) / 1000
 		s.ProviderSlots = f.providerSlots
 		s.ProviderPerQuestionMS = float64(f.perQuestion.Microseconds()) / 1000
@@ -490,6 +505,7 @@ func (o benchOutput) write(w io.Writer, asJSON bool) error {
 		if s.Preload {
 			fmt.Fprint(w, ", preloaded backlog")
 		}
+		fmt.Fprintf(w, "; %d NATS node(s), sync_interval %s", s.NATSNodes, s.NATSSync)
 	}
 	switch {
 	case o.Batch != nil && o.Report == nil:

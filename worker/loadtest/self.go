@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,6 +52,12 @@ type SelfOptions struct {
 	ProviderPerQuestion, ProviderPerStateKiB time.Duration
 	// Dir holds the JetStream store; empty means a fresh temporary directory, removed by Close.
 	Dir string
+	// NATSNodes is 1 (one embedded server, R1 streams) or 3 (an in-process 3-node cluster,
+	// R3 streams and buckets, as deployed); 0 means 1.
+	NATSNodes int
+	// SyncInterval is the servers' JetStream sync_interval (natsconn.ParseSyncInterval):
+	// "always" (every write on disk before its ack, as shipped) by default, or a duration.
+	SyncInterval string
 	// Logger receives the workers' and the server's warnings.
 	Logger zerolog.Logger
 }
@@ -58,6 +67,7 @@ type SelfOptions struct {
 type Self struct {
 	opt     SelfOptions
 	srv     *server.Server
+	nodes   []*server.Server // all of them, srv first
 	fake    *ollamatest.Server
 	dir     string
 	ownDir  bool
@@ -105,8 +115,19 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 		s.ownDir = true
 	}
 	log := o.Logger
-	if s.srv, err = natsconn.StartEmbedded(natsconn.EmbeddedOptions{Port: -1, StoreDir: s.dir, Logger: &log}); err != nil {
-		return nil, err
+	switch o.NATSNodes {
+	case 0, 1:
+		if s.srv, err = natsconn.StartEmbedded(natsconn.EmbeddedOptions{Port: -1, StoreDir: s.dir, Logger: &log, SyncInterval: o.SyncInterval}); err != nil {
+			return nil, err
+		}
+		s.nodes = []*server.Server{s.srv}
+	case 3:
+		if s.nodes, err = startCluster(ctx, s.dir, 3, o.SyncInterval); err != nil {
+			return nil, err
+		}
+		s.srv = s.nodes[0]
+	default:
+		return nil, fmt.Errorf("NATS nodes must be 1 or 3, got %d", o.NATSNodes)
 	}
 	// Keep no request bodies: a long run would otherwise hold its last requests in memory.
 	if realistic {
@@ -116,6 +137,7 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 	}
 
 	topo := topology.Default()
+	topo.Replicas = len(s.nodes)
 	// The shared consumer's MaxAckPending caps every replica together.
 	topo.MaxAckPending = max(topo.MaxAckPending, 2*o.Replicas*o.Concurrency)
 	// Auth mode none warns that it is for development; in a benchmark that is the point.
@@ -131,7 +153,7 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 	for i := range o.Replicas {
 		sw := &selfWorker{}
 		s.workers = append(s.workers, sw)
-		if sw.nc, err = nats.Connect(s.srv.ClientURL(), nats.Name("sys1-bench-worker-"+strconv.Itoa(i)), nats.MaxReconnects(-1)); err != nil {
+		if sw.nc, err = nats.Connect(s.URL(), nats.Name("sys1-bench-worker-"+strconv.Itoa(i)), nats.MaxReconnects(-1)); err != nil {
 			return nil, fmt.Errorf("replica %d: connect: %w", i, err)
 		}
 		js, err := jetstream.New(sw.nc)
@@ -195,8 +217,14 @@ func (s *Self) ProviderCapacity() (ollamatest.Capacity, bool) {
 // ProviderQueue is the realistic fake's queue counters (zero without ProviderSlots).
 func (s *Self) ProviderQueue() ollamatest.QueueStats { return s.fake.Queue() }
 
-// URL is the embedded server's client URL.
-func (s *Self) URL() string { return s.srv.ClientURL() }
+// URL is the embedded servers' client URLs (one, or the cluster's three).
+func (s *Self) URL() string {
+	urls := make([]string, len(s.nodes))
+	for i, n := range s.nodes {
+		urls[i] = n.ClientURL()
+	}
+	return strings.Join(urls, ",")
+}
 
 // ProviderURL is the fake Ollama's base URL (what SYS1_OLLAMA_BASE_URL would hold).
 func (s *Self) ProviderURL() string { return s.fake.URL() }
@@ -281,9 +309,9 @@ func (s *Self) Close() error {
 	if s.fake != nil {
 		s.fake.Close()
 	}
-	if s.srv != nil {
-		s.srv.Shutdown()
-		s.srv.WaitForShutdown()
+	for _, n := range s.nodes {
+		n.Shutdown()
+		n.WaitForShutdown()
 	}
 	if s.ownDir && s.dir != "" {
 		if err := os.RemoveAll(s.dir); err != nil {
@@ -300,4 +328,79 @@ func (s *Self) Connect() (*nats.Conn, error) {
 		return nil, fmt.Errorf("connect to the embedded server: %w", err)
 	}
 	return nc, nil
+}
+
+// startCluster runs an n-node JetStream cluster of in-process servers on loopback, each with
+// its own store under dir, and waits until its meta leader can place an R3 asset on them all.
+func startCluster(ctx context.Context, dir string, n int, sync string) ([]*server.Server, error) {
+	always, every, err := natsconn.ParseSyncInterval(sync)
+	if err != nil {
+		return nil, err
+	}
+	if always {
+		every = 2 * time.Minute
+	}
+	// Free ports, released before the servers bind them.
+	ports := make([]int, 2*n)
+	var lns []net.Listener
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	var routes []string
+	for i := range n {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[2*i+1]))
+	}
+	var nodes []*server.Server
+	stop := func() {
+		for _, s := range nodes {
+			s.Shutdown()
+		}
+	}
+	for i := range n {
+		opts := &server.Options{
+			ServerName: fmt.Sprintf("bench-%d", i+1), Host: "127.0.0.1", Port: ports[2*i],
+			JetStream: true, StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), NoLog: true, NoSigs: true,
+			MaxPayload: 8 << 20, SyncAlways: always, SyncInterval: every,
+			Cluster: server.ClusterOpts{Name: "sys1-bench", Host: "127.0.0.1", Port: ports[2*i+1]},
+			Routes:  server.RoutesFromStr(strings.Join(routes, ",")),
+		}
+		s, err := server.NewServer(opts)
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("nats node %d: %w", i+1, err)
+		}
+		nodes = append(nodes, s)
+	}
+	for _, s := range nodes {
+		go s.Start()
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ready := true
+		for _, s := range nodes {
+			if !s.ReadyForConnections(10*time.Millisecond) || s.Healthz(nil).Status != "ok" {
+				ready = false
+			}
+		}
+		if ready {
+			for _, s := range nodes {
+				if s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) == n {
+					return nodes, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			stop()
+			return nil, fmt.Errorf("the %d-node NATS cluster did not form within 60s", n)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the servers with a deadline
+	}
 }

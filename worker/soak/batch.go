@@ -93,6 +93,7 @@ func (b *batches) one(ctx, stop context.Context, n int) BatchOutcome {
 	incs := p.incarnations()
 	last := incs[len(incs)-1]
 	o.ExitCode = last.ExitCode
+	o.Started, o.Ended = incs[0].Started, last.Ended
 	if last.Stopped {
 		o.ExitCode = -1
 		return o

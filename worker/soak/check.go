@@ -259,11 +259,14 @@ func (c *checker) scored() CheckResult {
 		}
 		for _, it := range b.Items {
 			t := get(it.Key)
-			t.runs = append(t.runs, it.CustomID)
-			if status[it.CustomID] == "success" {
+			t.runs = append(t.runs, b.ID+":"+it.CustomID)
+			switch {
+			case !b.Finished:
+				t.unreleased++ // no result line to judge by: one answer may have been used
+			case status[it.CustomID] == "success":
 				t.expected++ // batch items are never cache hits: a success is one answer used
 			}
-			t.from, t.to, t.open = c.o.Start, c.o.End, true // the batch's replies are its own
+			t.from, t.to, t.open = b.Started, b.Ended, true // the batch's replies are its own
 		}
 	}
 	for _, call := range c.o.Calls {
@@ -306,7 +309,7 @@ func (c *checker) scored() CheckResult {
 		}
 		excused := 0
 		for _, call := range t.calls {
-			if c.killedHolding(call, settled) {
+			if died, ok := c.killedHolding(call, settled); ok && askedAgainAfter(t.calls, call, died) {
 				excused++
 			}
 		}
@@ -330,15 +333,27 @@ func (c *checker) scored() CheckResult {
 }
 
 // killedHolding reports whether the worker incarnation that made call was SIGKILLed (or died)
-// while it may still have held the answer: after the call started, before the run's outcome
-// was stored (settled: its first final reply), and within StoreRetry of the answer. A worker
-// killed after the outcome was stored excuses nothing: the run's next delivery finds it.
-func (c *checker) killedHolding(call Call, settled time.Time) bool {
+// while it may still have held the answer — after the call started, before the run's outcome
+// was stored (settled: its first final reply), and within StoreRetry of the answer — and when
+// it died. A worker killed after the outcome was stored excuses nothing: the run's next
+// delivery finds it.
+func (c *checker) killedHolding(call Call, settled time.Time) (time.Time, bool) {
 	for _, w := range c.o.Workers {
 		if w.Slot != call.Slot || w.Started.After(call.Started) || w.Ended.IsZero() || w.Ended.Before(call.Started) {
 			continue
 		}
 		if (w.Killed || w.OnItsOwn()) && !w.Ended.After(settled) && w.Ended.Sub(call.Ended) <= StoreRetry {
+			return w.Ended, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// askedAgainAfter reports whether the model answered another call for the same key that
+// started after died: the redelivery the lost answer made necessary.
+func askedAgainAfter(calls []Call, lost Call, died time.Time) bool {
+	for _, other := range calls {
+		if other != lost && !other.Started.Before(died) {
 			return true
 		}
 	}
@@ -500,7 +515,7 @@ func (c *checker) batch() CheckResult {
 func (c *checker) batchOne(res *CheckResult, b BatchOutcome) {
 	res.Checked += len(b.Items)
 	bad := func(ids []string, format string, args ...any) {
-		res.Violations = append(res.Violations, Violation{Check: res.Check, RunIDs: firstN(ids, 20), From: c.o.Start, To: c.o.End,
+		res.Violations = append(res.Violations, Violation{Check: res.Check, RunIDs: firstN(ids, 20), From: b.Started, To: b.Ended,
 			Detail: fmt.Sprintf("batch %s: ", b.ID) + fmt.Sprintf(format, args...)})
 	}
 	if b.Restarts > 0 {
@@ -573,9 +588,13 @@ func (c *checker) records() CheckResult {
 			want[r.RunID] = "" // held and never released: recorded all the same, any status
 		}
 	}
+	unjudged := map[string]bool{} // run-id prefixes of batches that wrote no result file
 	for _, b := range c.o.Batches {
 		for _, l := range b.Lines {
 			want[l.RunID] = l.Status
+		}
+		if !b.Finished {
+			unjudged[b.ID+":"] = true
 		}
 	}
 	var missing, doubled, wrong []string
@@ -609,6 +628,9 @@ func (c *checker) records() CheckResult {
 	for id := range rows {
 		if r := c.requests[id]; r != nil && !r.Acked() {
 			continue // stored though its ack was lost, and never answered: recorded, fine
+		}
+		if group, _, ok := strings.Cut(id, ":"); ok && unjudged[group+":"] {
+			continue // an item of a batch that wrote no result file: the batch check says so
 		}
 		stray = append(stray, id)
 	}

@@ -303,6 +303,14 @@ func TestCheckDetectsMissingAndDoubledBatchLines(t *testing.T) {
 	expectViolation(t, h.Observations, CheckBatch, "i-1", "more than one result line")
 }
 
+// A batch whose command never wrote its result file is one violation, of the batch check: its
+// items' scorings and records are not judged again as strays.
+func TestCheckReportsAnUnfinishedBatchOnce(t *testing.T) {
+	h := newHealthy()
+	h.Batches[0].Finished, h.Batches[0].ExitCode, h.Batches[0].Lines = false, 2, nil
+	expectViolation(t, h.Observations, CheckBatch, "", "never wrote its result file (exit status 2)")
+}
+
 func TestCheckDetectsAMissingOrWrongRecord(t *testing.T) {
 	h := newHealthy()
 	h.Rows = h.Rows[1:] // p-1's record is gone

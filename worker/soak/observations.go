@@ -197,6 +197,8 @@ type BatchOutcome struct {
 	// ID is the batch id (--id); Restarts how often its command was killed and run again.
 	ID       string
 	Restarts int
+	// Started and Ended bound its command's runs.
+	Started, Ended time.Time
 	// Items are the custom ids of its input lines, in order, with the key each item's state
 	// carries.
 	Items []BatchItem
