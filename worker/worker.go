@@ -215,7 +215,7 @@ func (w *Worker) ensure(ctx context.Context) error {
 	epoch := streamEpoch(requests.CachedInfo().Created)
 	w.requestsEpoch.Store(&epoch)
 	if w.cons == nil {
-		w.requests, w.gate = requests, gate{kv: kv}
+		w.requests, w.gate = requests, gate{kv: kv, js: w.opt.JS, bucket: w.opt.Topology.RunsBucket}
 	}
 	w.cons, w.batchCons = cons, batchCons
 	return nil
@@ -228,7 +228,7 @@ func (w *Worker) ensure(ctx context.Context) error {
 // or a replica started during a failover would run without its cache until restarted.
 func (w *Worker) openLimits(ctx context.Context) error {
 	if w.opt.Limits != nil && w.budget == nil {
-		kv, err := w.opt.JS.CreateOrUpdateKeyValue(ctx, w.opt.Topology.LimitsBucketConfig())
+		kv, err := topology.EnsureKeyValue(ctx, w.opt.JS, w.opt.Topology.LimitsBucketConfig())
 		if err != nil {
 			return fmt.Errorf("limits bucket %s (SYS1_LIMITS_FILE needs it to enforce budgets): %w", w.opt.Topology.LimitsBucket, err)
 		}
@@ -241,7 +241,7 @@ func (w *Worker) openLimits(ctx context.Context) error {
 	if w.cache != nil {
 		return nil
 	}
-	kv, err := w.opt.JS.CreateOrUpdateKeyValue(ctx, w.opt.Topology.CacheBucketConfig(w.cfg.CacheMaxTTL))
+	kv, err := topology.EnsureKeyValue(ctx, w.opt.JS, w.opt.Topology.CacheBucketConfig(w.cfg.CacheMaxTTL))
 	if startup.Transient(err) {
 		return fmt.Errorf("cache bucket %s: %w", w.opt.Topology.CacheBucket, err)
 	}
@@ -262,7 +262,7 @@ func (w *Worker) openLimits(ctx context.Context) error {
 // A bucket that cannot be reached for a passing reason is an error, so start-up waits for it
 // (a replica started during a leader election must not run uncalibrated until restarted).
 func (w *Worker) loadFits(ctx context.Context) error {
-	kv, err := w.opt.JS.CreateOrUpdateKeyValue(ctx, w.opt.Topology.CalibrationBucketConfig())
+	kv, err := topology.EnsureKeyValue(ctx, w.opt.JS, w.opt.Topology.CalibrationBucketConfig())
 	if startup.Transient(err) {
 		return fmt.Errorf("calibration bucket %s: %w", w.opt.Topology.CalibrationBucket, err)
 	}

@@ -150,11 +150,11 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config, log zerolog.Lo
 	if _, err := ensureStream(ctx, js, cfg.Topology.LabelsStreamConfig()); err != nil {
 		return nil, err
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg.Topology.ReviewBucketConfig())
+	kv, err := topology.EnsureKeyValue(ctx, js, cfg.Topology.ReviewBucketConfig())
 	if err != nil {
 		return nil, fmt.Errorf("review bucket %s: %w", cfg.Topology.ReviewBucket, err)
 	}
-	skv, err := js.CreateOrUpdateKeyValue(ctx, SessionsBucketConfig(cfg.SessionsBucket, cfg.SessionTTL, cfg.Topology.Replicas, int64(cfg.Topology.ReviewSessionsMaxBytes)))
+	skv, err := topology.EnsureKeyValue(ctx, js, SessionsBucketConfig(cfg.SessionsBucket, cfg.SessionTTL, cfg.Topology.Replicas, int64(cfg.Topology.ReviewSessionsMaxBytes)))
 	if err != nil {
 		return nil, fmt.Errorf("sessions bucket %s: %w", cfg.SessionsBucket, err)
 	}

@@ -8,6 +8,7 @@ package topology
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -666,11 +668,26 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config, opts ...Optio
 			return nil, err
 		}
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, c.RunsBucketConfig())
+	kv, err := EnsureKeyValue(ctx, js, c.RunsBucketConfig())
 	if err != nil {
 		return nil, fmt.Errorf("run-id bucket %q: cannot create or update: %w", c.RunsBucket, err)
 	}
 	return kv, nil
+}
+
+// EnsureKeyValue creates a bucket, or updates it to cfg when it exists with another
+// configuration. It creates first: jetstream's CreateOrUpdateKeyValue updates first, and an
+// update racing the bucket's creation by another client is never answered by nats-server
+// 2.15.2 (three replicas starting together on a fresh R3 cluster all waited out the API
+// timeout, again and again; a minimal reproduction is TestUpstreamConcurrentCreateOrUpdate
+// in this package, and README's known limits say more). Creating the same bucket at once
+// from several clients is answered for each.
+func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		return js.UpdateKeyValue(ctx, cfg)
+	}
+	return kv, err
 }
 
 // EnsureRunsStream creates or updates only SYS1_RUNS (what the sink needs).
@@ -975,4 +992,63 @@ func EnsureSinkConsumer(ctx context.Context, js jetstream.JetStream, c Config, a
 		return nil, fmt.Errorf("consumer %s on %s: cannot create or update: %w", c.SinkConsumer, c.RunsStream, err)
 	}
 	return cons, nil
+}
+
+// LeaderGet reads the latest entry of key in a KV bucket from the leader of the bucket's
+// stream, never from a follower. jetstream's KeyValue.Get uses direct gets, which any replica
+// answers, and a follower answers them once it is within 90% of the leader (nats-server
+// v2.15): a node catching up after a restart then says a key written while it was down does
+// not exist, or hands out an older value. For the run-id gate that is a run "unknown" to its
+// producer's label, a held reply never released, or a finished run read as still running —
+// the soak saw the first (issue 24). JetStream offers no leader-only read for a bucket that
+// allows direct gets, so this asks the stream's own message API, which the leader answers.
+// A deleted or purged key reads as not found (found false).
+func LeaderGet(ctx context.Context, js jetstream.JetStream, bucket, key string) (value []byte, revision uint64, found bool, err error) {
+	prefix := "$JS.API."
+	if o := js.Options(); o.Domain != "" {
+		prefix = "$JS." + o.Domain + ".API."
+	} else if o.APIPrefix != "" {
+		prefix = strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	req, _ := json.Marshal(struct {
+		LastFor string `json:"last_by_subj"`
+	}{"$KV." + bucket + "." + key})
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second) // jetstream's own default
+		defer cancel()
+	}
+	msg, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET.KV_"+bucket, req)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("get %s from the leader of KV_%s: %w", key, bucket, err)
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Seq    uint64 `json:"seq"`
+			Header []byte `json:"hdrs"`
+			Data   []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, 0, false, fmt.Errorf("get %s from the leader of KV_%s: %w", key, bucket, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, 0, false, nil
+	case resp.Error != nil:
+		return nil, 0, false, fmt.Errorf("get %s from the leader of KV_%s: %w", key, bucket, resp.Error)
+	case resp.Message == nil:
+		return nil, 0, false, fmt.Errorf("get %s from the leader of KV_%s: %w", key, bucket, jetstream.ErrInvalidJetStreamResponse)
+	}
+	if len(resp.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return nil, 0, false, fmt.Errorf("get %s from the leader of KV_%s: headers: %w", key, bucket, err)
+		}
+		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			return nil, resp.Message.Seq, false, nil
+		}
+	}
+	return resp.Message.Data, resp.Message.Seq, true, nil
 }
