@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // The run-id gate: one JetStream KV entry per run id records which verified caller owns it,
@@ -79,9 +80,31 @@ const (
 	claimDuplicate                     // same caller, another message, run still in flight
 )
 
-// gate wraps the KV bucket.
+// gate wraps the KV bucket. Writes are compare-and-set on the bucket; reads go to the
+// leader of its stream (get): a follower catching up after a restart would say a run does not
+// exist, or is still running when it has finished (topology.LeaderGet says why).
 type gate struct {
-	kv jetstream.KeyValue
+	kv     jetstream.KeyValue
+	js     jetstream.JetStream
+	bucket string
+}
+
+// gateEntry is an entry read from the gate's leader.
+type gateEntry struct {
+	value    []byte
+	revision uint64
+}
+
+// get reads key from the leader; jetstream.ErrKeyNotFound when it does not exist.
+func (g gate) get(ctx context.Context, key string) (gateEntry, error) {
+	value, rev, found, err := topology.LeaderGet(ctx, g.js, g.bucket, key)
+	if err != nil {
+		return gateEntry{}, err
+	}
+	if !found {
+		return gateEntry{}, jetstream.ErrKeyNotFound
+	}
+	return gateEntry{value: value, revision: rev}, nil
 }
 
 // GateKey maps a run id to its KV key in the run-id gate. Run ids may hold ':' (not a valid
@@ -121,7 +144,7 @@ func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uin
 		// An entry written before grouped keys (see legacyGateKey) still governs its run until
 		// it expires (SYS1_RUN_ID_TTL); one lookup keeps a run in flight across an upgrade from
 		// being scored twice.
-		switch _, err := g.kv.Get(ctx, legacyGateKey(runID)); {
+		switch _, err := g.get(ctx, legacyGateKey(runID)); {
 		case err == nil:
 			key = legacyGateKey(runID)
 		case !errors.Is(err, jetstream.ErrKeyNotFound):
@@ -141,7 +164,7 @@ func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uin
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return 0, nil, 0, fmt.Errorf("run-id gate: create: %w", err)
 		}
-		entry, err := g.kv.Get(ctx, key)
+		entry, err := g.get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue // expired or deleted between the two calls: try to create again
 		}
@@ -149,19 +172,19 @@ func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uin
 			return 0, nil, 0, fmt.Errorf("run-id gate: get: %w", err)
 		}
 		var st runState
-		if err := json.Unmarshal(entry.Value(), &st); err != nil {
+		if err := json.Unmarshal(entry.value, &st); err != nil {
 			return 0, nil, 0, fmt.Errorf("run-id gate: decode entry: %w", err)
 		}
 		st.key = key
 		switch {
 		case !auth.SameOwner(st.Caller, id):
-			return claimConflict, &st, entry.Revision(), nil
+			return claimConflict, &st, entry.revision, nil
 		case st.Status == runDone:
-			return claimFinished, &st, entry.Revision(), nil
+			return claimFinished, &st, entry.revision, nil
 		case st.StreamSeq == seq:
-			return claimRedelivery, &st, entry.Revision(), nil
+			return claimRedelivery, &st, entry.revision, nil
 		default:
-			return claimDuplicate, &st, entry.Revision(), nil
+			return claimDuplicate, &st, entry.revision, nil
 		}
 	}
 	return 0, nil, 0, errors.New("run-id gate: entry keeps disappearing")
@@ -184,8 +207,8 @@ func (g gate) save(ctx context.Context, runID string, st *runState, rev uint64) 
 		// The revision moved on. When an earlier try of this very write landed but its answer
 		// was lost (a timeout during a leader election), the entry holds what we meant to
 		// write: that is success, not a conflict.
-		if entry, gerr := g.kv.Get(ctx, key); gerr == nil && bytes.Equal(entry.Value(), val) {
-			return entry.Revision(), nil
+		if entry, gerr := g.get(ctx, key); gerr == nil && bytes.Equal(entry.value, val) {
+			return entry.revision, nil
 		}
 	}
 	if err != nil {

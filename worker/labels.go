@@ -460,7 +460,7 @@ func (g gate) lookup(ctx context.Context, runID string) (*runState, uint64, erro
 		keys = []string{legacyGateKey(runID), GateKey(runID)}
 	}
 	for _, key := range keys {
-		e, err := g.kv.Get(ctx, key)
+		e, err := g.get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue
 		}
@@ -468,11 +468,11 @@ func (g gate) lookup(ctx context.Context, runID string) (*runState, uint64, erro
 			return nil, 0, fmt.Errorf("run-id gate: get: %w", err)
 		}
 		var st runState
-		if err := json.Unmarshal(e.Value(), &st); err != nil {
+		if err := json.Unmarshal(e.value, &st); err != nil {
 			return nil, 0, fmt.Errorf("%w: %w", errUnreadableEntry, err)
 		}
 		st.key = key
-		return &st, e.Revision(), nil
+		return &st, e.revision, nil
 	}
 	return nil, 0, nil
 }
