@@ -72,6 +72,8 @@ type Options struct {
 	ModelLatency time.Duration
 	// Out receives the plan, the fault timeline as it happens, and progress.
 	Out io.Writer
+	// Env is added to every process's environment (a test runs its own binary as sys1).
+	Env []string
 }
 
 func (o *Options) defaults() error {
@@ -257,7 +259,7 @@ func (s *soak) setUp(ctx context.Context) error {
 		if o.NATSServer != "" {
 			bin, args = o.NATSServer, []string{"-c", confs[i]}
 		}
-		n.proc = newProc(n.name, i+1, bin, args, func(int) []string { return baseEnv() }, logs, s.tl)
+		n.proc = newProc(n.name, i+1, bin, args, func(int) []string { return s.baseEnv() }, logs, s.tl)
 		if err := n.proc.start(""); err != nil {
 			return err
 		}
@@ -278,7 +280,7 @@ func (s *soak) setUp(ctx context.Context) error {
 	}
 	common := func(extra ...string) func(int) []string {
 		return func(int) []string {
-			return append(baseEnv(), append([]string{"SYS1_NATS_URL=" + s.nats.urls(0), "SYS1_STREAM_REPLICAS=3", "SYS1_LOG_LEVEL=info"}, extra...)...)
+			return append(s.baseEnv(), append([]string{"SYS1_NATS_URL=" + s.nats.urls(0), "SYS1_STREAM_REPLICAS=3", "SYS1_LOG_LEVEL=info"}, extra...)...)
 		}
 	}
 	sinkProc := newProc("sink", 0, o.Sys1, []string{"sink"}, common(
@@ -349,21 +351,22 @@ func (s *soak) setUp(ctx context.Context) error {
 	return nil
 }
 
-// baseEnv is what every process of the fleet inherits: no SYS1_* of the soak's own.
-func baseEnv() []string {
+// baseEnv is what every process of the fleet inherits: no SYS1_* of the soak's own, and the
+// options' Env.
+func (s *soak) baseEnv() []string {
 	var out []string
 	for _, k := range []string{"PATH", "HOME", "TMPDIR", "TZ", "GOMAXPROCS", "GORACE", "GOCOVERDIR"} {
 		if v, ok := os.LookupEnv(k); ok {
 			out = append(out, k+"="+v)
 		}
 	}
-	return out
+	return append(out, s.o.Env...)
 }
 
 // workerEnv is worker slot's environment; each incarnation names itself w<slot>.<gen>.
 func (s *soak) workerEnv(slot int) func(int) []string {
 	return func(gen int) []string {
-		return append(baseEnv(),
+		return append(s.baseEnv(),
 			"SYS1_NATS_URL="+s.nats.urls((slot-1)%len(s.nats.nodes)),
 			fmt.Sprintf("SYS1_WORKER_ID=w%d.%d", slot, gen),
 			"SYS1_STREAM_REPLICAS=3",
@@ -778,7 +781,7 @@ func (s *soak) awaitNATS(ctx context.Context) {
 
 // pauseFleet pauses the fleet with sys1 pause, as an operator does, and resumes it.
 func (s *soak) pauseFleet(d time.Duration) {
-	env := append(baseEnv(), "SYS1_NATS_URL="+s.nats.urls(0))
+	env := append(s.baseEnv(), "SYS1_NATS_URL="+s.nats.urls(0))
 	run := func(args ...string) error {
 		var last error
 		for try := 0; try < 10; try++ {
