@@ -2,31 +2,14 @@ package main
 
 import (
 	"context"
-	"os"
-	"os/signal"
+	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sys1hq/sys1/sink/chtest"
 	"github.com/sys1hq/sys1/worker/soak"
 )
-
-// asSys1 makes this test binary stand in for the sys1 binary: the soak's fleet (NATS nodes,
-// workers, sink, review page, sys1 batch, sys1 pause) runs it, so the soak in CI needs no
-// second build, and every process of the fleet runs with the race detector when the tests do.
-const asSys1 = "SYS1_TEST_RUN_AS_SYS1"
-
-func TestMain(m *testing.M) {
-	if os.Getenv(asSys1) == "1" {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-		stop()
-		os.Exit(code)
-	}
-	os.Exit(m.Run())
-}
 
 // TestSoak is the 60-second soak of issue 24, run by .ci/test: 3 NATS nodes, 2 workers, the
 // sink (into the test ClickHouse: chshim in CI) and the review page under a small mixed load,
@@ -40,7 +23,9 @@ func TestSoak(t *testing.T) {
 		t.Skip("the soak runs the whole fleet for over a minute")
 	}
 	dsn := chtest.DSN(t)
-	self, err := os.Executable()
+	// The fleet runs this test binary as sys1 (testscript.Main put it on PATH, script_test.go):
+	// no second build, and with the race detector when the tests have it.
+	self, err := exec.LookPath("sys1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +33,7 @@ func TestSoak(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	res, err := soak.Run(ctx, soak.Options{
-		Sys1: self, Env: []string{asSys1 + "=1"}, Dir: t.TempDir(),
+		Sys1: self, Dir: t.TempDir(),
 		Duration: 60 * time.Second, Drain: 4 * time.Minute, Seed: 24,
 		Workers: 2, Rate: 5, BatchItems: 100, ClickHouseDSN: dsn, Out: &logWriter{t: t},
 	})
