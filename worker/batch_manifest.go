@@ -125,7 +125,7 @@ func (w *Worker) keepBatchManifest(ctx context.Context, m BatchManifest) (kept b
 		} else if !errors.Is(err, jetstream.ErrKeyExists) {
 			return false, fmt.Errorf("batch manifest: create: %w", err)
 		}
-		e, err := w.gate.kv.Get(ctx, key)
+		e, err := w.gate.get(ctx, key) // from the leader: a follower catching up may not have it
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue // expired or deleted between the two calls
 		}
@@ -133,10 +133,10 @@ func (w *Worker) keepBatchManifest(ctx context.Context, m BatchManifest) (kept b
 			return false, fmt.Errorf("batch manifest: get: %w", err)
 		}
 		var old BatchManifest
-		if json.Unmarshal(e.Value(), &old) == nil && old.Caller != m.Caller {
+		if json.Unmarshal(e.value, &old) == nil && old.Caller != m.Caller {
 			return false, nil
 		}
-		if _, err := w.gate.kv.Update(ctx, key, val, e.Revision()); err == nil {
+		if _, err := w.gate.kv.Update(ctx, key, val, e.revision); err == nil {
 			return true, nil
 		} else if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return false, fmt.Errorf("batch manifest: update: %w", err)
