@@ -47,8 +47,10 @@ func body(key string, held bool) []byte {
 type load struct {
 	cl   *client.Client
 	js   jetstream.JetStream
-	rng  *rand.Rand
-	rate float64
+	rng  *rand.Rand // the traffic's (run's goroutine only)
+	// labelRng picks the runs producers label (runLabels' goroutine only, under mu).
+	labelRng *rand.Rand
+	rate     float64
 	// weights of the kinds of traffic.
 	kinds []string
 
@@ -77,7 +79,8 @@ func newLoad(nc *nats.Conn, seed uint64, rate float64) (*load, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &load{cl: cl, js: js, rng: rand.New(rand.NewPCG(seed, seed^0x10ad)), rate: rate, seq: map[string]int{}}
+	l := &load{cl: cl, js: js, rng: rand.New(rand.NewPCG(seed, seed^0x10ad)), labelRng: rand.New(rand.NewPCG(seed, seed^0x1abe1)),
+		rate: rate, seq: map[string]int{}}
 	// Plain traffic most, then the limited kinds.
 	for kind, w := range map[string]int{KindPlain: 45, KindBudget: 20, KindCache: 20, KindHold: 15} {
 		for range w {
@@ -219,14 +222,14 @@ func (l *load) publishLabels(ctx context.Context, wg *sync.WaitGroup) {
 	var picked []string
 	seen := map[string]bool{}
 	for _, id := range todo {
-		if !seen[id] && l.rng.IntN(5) == 0 {
+		if !seen[id] && l.labelRng.IntN(5) == 0 {
 			picked = append(picked, id)
 		}
 		seen[id] = true // a reply seen twice is labelled at most once
 	}
 	values := make([]string, len(picked))
 	for i := range picked {
-		values[i] = []string{`"billing"`, `"bug"`, `"account"`}[l.rng.IntN(3)]
+		values[i] = []string{`"billing"`, `"bug"`, `"account"`}[l.labelRng.IntN(3)]
 	}
 	l.mu.Unlock()
 	for i, id := range picked {

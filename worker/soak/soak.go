@@ -796,11 +796,11 @@ func (s *soak) pauseFleet(d time.Duration) {
 		}
 		return last
 	}
-	until := time.Now().Add(d)
 	if err := run("pause", "--for", d.Round(time.Second).String(), "--reason", "sys1 soak"); err != nil {
 		s.tl.Add(Event{What: "cannot pause", Detail: err.Error()})
 		return
 	}
+	until := time.Now().Add(d) // from when the pause took: the command may have waited for NATS
 	s.tl.Add(Event{What: "pause the fleet", Until: until, Detail: "sys1 pause --for " + d.Round(time.Second).String()})
 	pause(context.Background(), time.Until(until))
 	if err := run("resume"); err != nil {
