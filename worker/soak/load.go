@@ -271,14 +271,3 @@ func (l *load) snapshot() ([]Request, []SentLabel) {
 	}
 	return out, append([]SentLabel(nil), l.labels...)
 }
-
-// sent counts the requests published so far by kind.
-func (l *load) sent() map[string]int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := map[string]int{}
-	for k, v := range l.seq {
-		out[k] = v
-	}
-	return out
-}

@@ -36,7 +36,6 @@ type reviewer struct {
 type person struct {
 	name   string
 	client *http.Client
-	csrf   string
 	signed bool
 }
 
