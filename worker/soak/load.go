@@ -45,9 +45,9 @@ func body(key string, held bool) []byte {
 // JetStream acknowledges it (a duplicate's ack counts: an earlier try was stored) or for as
 // long as the de-duplication window keeps a retry from being stored twice.
 type load struct {
-	cl   *client.Client
-	js   jetstream.JetStream
-	rng  *rand.Rand // the traffic's (run's goroutine only)
+	cl  *client.Client
+	js  jetstream.JetStream
+	rng *rand.Rand // the traffic's (run's goroutine only)
 	// labelRng picks the runs producers label (runLabels' goroutine only, under mu).
 	labelRng *rand.Rand
 	rate     float64
