@@ -37,6 +37,14 @@ type runState struct {
 	// Waits counts the deliveries that waited for the caller's limits (a rate limit's window,
 	// an in-flight slot) instead of running: they do not count against SYS1_MAX_DELIVER.
 	Waits int `json:"waits,omitempty"`
+	// Owner is the delivery running the run now (a token of its own) and LeaseUntil how long
+	// the run is its: JetStream can hand the same message to a second replica while the first
+	// still runs it (a consumer's leader dies before the delivery was replicated, and the new
+	// leader delivers it again at once), and without a lease both would call the model. A
+	// delivery that finds another's live lease waits; one that finds it lapsed (its replica
+	// died) takes the run over. Released (emptied) when a delivery ends without finishing.
+	Owner      string    `json:"owner,omitempty"`
+	LeaseUntil time.Time `json:"lease_until,omitzero"`
 	// Outcome of a finished run: what a replay needs, and nothing more. The exact reply bytes
 	// answer any later delivery of the run id; the record is written again only when the
 	// run's own message comes back (a crash between finishing and acking), and is rebuilt
@@ -75,6 +83,7 @@ type claimResult int
 const (
 	claimNew        claimResult = iota // first delivery of a fresh run id
 	claimRedelivery                    // the same message again (retry or a dead replica's)
+	claimBusy                          // the same message, while another delivery's lease on it lives
 	claimFinished                      // already finished: answer from the stored outcome
 	claimConflict                      // the id belongs to another caller
 	claimDuplicate                     // same caller, another message, run still in flight
@@ -137,7 +146,7 @@ func legacyGateKey(runID string) string { return "r" + hex.EncodeToString([]byte
 
 // claim records ownership of runID for the caller of id, or reports why it cannot (a run id
 // belongs to the caller that first used it: auth.SameOwner).
-func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uint64, now time.Time) (claimResult, *runState, uint64, error) {
+func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uint64, now time.Time, owner string, lease time.Duration) (claimResult, *runState, uint64, error) {
 	caller := id.Caller
 	key := GateKey(runID)
 	if strings.Contains(runID, ":") {
@@ -151,7 +160,7 @@ func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uin
 			return 0, nil, 0, fmt.Errorf("run-id gate: get legacy entry: %w", err)
 		}
 	}
-	fresh := runState{Caller: caller, Status: runRunning, StreamSeq: seq, StartedAt: now, key: key}
+	fresh := runState{Caller: caller, Status: runRunning, StreamSeq: seq, StartedAt: now, key: key, Owner: owner, LeaseUntil: now.Add(lease)}
 	val, err := fresh.encode()
 	if err != nil {
 		return 0, nil, 0, fmt.Errorf("encode run state: %w", err)
@@ -181,6 +190,8 @@ func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uin
 			return claimConflict, &st, entry.revision, nil
 		case st.Status == runDone:
 			return claimFinished, &st, entry.revision, nil
+		case st.StreamSeq == seq && st.Owner != "" && st.Owner != owner && now.Before(st.LeaseUntil):
+			return claimBusy, &st, entry.revision, nil
 		case st.StreamSeq == seq:
 			return claimRedelivery, &st, entry.revision, nil
 		default:
@@ -238,6 +249,16 @@ func (st *runState) encode() ([]byte, error) {
 	if st.Waits > 0 {
 		b = append(b, `,"waits":`...)
 		b = strconv.AppendInt(b, int64(st.Waits), 10)
+	}
+	if st.Owner != "" {
+		b = append(b, `,"owner":`...)
+		b = contract.AppendJSONString(b, st.Owner)
+		lu, err := st.LeaseUntil.MarshalJSON()
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, `,"lease_until":`...)
+		b = append(b, lu...)
 	}
 	if len(st.Attempts) > 0 {
 		as, err := json.Marshal(st.Attempts)

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"sync"
 	"runtime/debug"
 	"time"
 
@@ -57,6 +58,8 @@ type run struct {
 	// gate
 	state    *runState // the gate entry, once claimed
 	rev      uint64
+	owner    string     // this delivery's token in the entry's lease
+	leaseMu  sync.Mutex // guards state and rev while the call's heartbeat may renew the lease
 	finished *runState // the run had already finished: it is answered from this stored outcome
 
 	// prepare
@@ -172,8 +175,15 @@ func (r *run) apply(ctx context.Context, s Settlement, err error) {
 		if waited && r.state != nil {
 			r.state.Waits++ // a wait is not a try: the next delivery must know
 		}
-		if r.newAttempts || waited {
-			// The next delivery, on any replica, continues the same record.
+		if _, busy := err.(*waitError); busy {
+			// Waiting for another delivery or message: the run is not this delivery's to write.
+		} else if r.state != nil && r.state.Owner == r.owner {
+			// The next delivery, on any replica, continues the same record, and may take the
+			// run at once: this delivery's lease ends with it.
+			if serr := r.releaseLease(context.WithoutCancel(ctx)); serr != nil {
+				r.log.Warn().Err(serr).Msg("could not store the run's progress in the gate; the next delivery may count this one, and waits for its lease")
+			}
+		} else if r.newAttempts || waited {
 			if serr := r.saveAttempts(context.WithoutCancel(ctx)); serr != nil {
 				r.log.Warn().Err(serr).Msg("could not store the run's progress in the gate; the next delivery may count this one")
 			}
@@ -217,6 +227,8 @@ type waitError struct {
 	ownerSeq uint64
 	why      string
 	err      error // what went wrong finding out, if anything
+	// until, when set, is when to look again: another delivery's lease on the run ends then.
+	until time.Time
 }
 
 func (e *waitError) Error() string { return e.why }

@@ -75,6 +75,9 @@ type SettleInput struct {
 	Now        time.Time
 }
 
+// leaseRecheck is the shortest wait for another delivery's lease.
+const leaseRecheck = 100 * time.Millisecond
+
 // ErrShutdown marks a run cut short by the shutdown grace running out: not finished, so handed
 // back at once for another replica.
 var ErrShutdown = errors.New("run cancelled by shutdown")
@@ -103,6 +106,13 @@ func settle(in SettleInput) Settlement {
 	if d, ok := isDelay(in.Err); ok {
 		// Waiting for a rate limit's window or an in-flight slot: back exactly then.
 		return Settlement{Disposition: Nak, Delay: max(d.until.Sub(in.Now), 0)}
+	}
+	var wait *waitError
+	if errors.As(in.Err, &wait) && !wait.until.IsZero() {
+		// Another delivery's lease on the run: back when it ends (it is then renewed, or lapsed
+		// and taken over), not on the retry schedule, whose short first delays would spend the
+		// message's deliveries while the lease lasts.
+		return Settlement{Disposition: Nak, Delay: max(wait.until.Sub(in.Now), leaseRecheck)}
 	}
 	cerr, ok := contract.AsError(in.Err)
 	if !ok {

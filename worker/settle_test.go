@@ -68,6 +68,8 @@ func TestSettleOtherOutcomes(t *testing.T) {
 		{"infrastructure trouble backs off more", errors.New("publish record: nats: timeout"), 3, time.Time{}, Settlement{Disposition: Nak, Delay: 4 * time.Second}},
 		{"infrastructure trouble is never answered, even past max deliver", errors.New("no responders"), 9, now.Add(-time.Hour), Settlement{Disposition: Nak, Delay: 8 * time.Second}},
 		{"a duplicate waits for its owner", &waitError{ownerSeq: 3, why: "in flight"}, 2, time.Time{}, Settlement{Disposition: Nak, Delay: 2 * time.Second}},
+		{"a second delivery waits out the first one's lease", &waitError{ownerSeq: 3, why: "leased", until: now.Add(25 * time.Second)}, 2, time.Time{}, Settlement{Disposition: Nak, Delay: 25 * time.Second}},
+		{"a lease about to end: looked at again shortly", &waitError{ownerSeq: 3, why: "leased", until: now.Add(time.Millisecond)}, 6, time.Time{}, Settlement{Disposition: Nak, Delay: leaseRecheck}},
 		{"a Retry-After hint lengthens the delay", busy, 1, time.Time{}, Settlement{Disposition: Nak, Delay: 5 * time.Second}},
 		{"a hint is capped by the retry policy", longHint, 1, time.Time{}, Settlement{Disposition: Nak, Delay: 8 * time.Second}},
 		{"a hint past the deadline answers now", busy, 1, now.Add(3 * time.Second), Settlement{Disposition: Term}},

@@ -28,7 +28,12 @@ func (r *run) call(ctx context.Context) error {
 	// model is not mistaken for a dead replica.
 	// A timer, not a goroutine with a ticker: most calls end long before the first beat, and
 	// a timer costs nothing until it fires.
-	beat := newHeartbeat(max(w.opt.Topology.AckWait/3, 10*time.Millisecond), func() { _ = r.msg.InProgress() })
+	// A call that long also renews the run's lease in the gate (renewLease), so no second
+	// delivery of the message takes the run over while this one still waits for the model.
+	beat := newHeartbeat(max(w.opt.Topology.AckWait/3, 10*time.Millisecond), func() {
+		_ = r.msg.InProgress()
+		r.renewLease(ctx)
+	})
 	defer beat.stop()
 
 	if r.batchID == "" {
@@ -54,7 +59,8 @@ func (r *run) call(ctx context.Context) error {
 	return err
 }
 
-// heartbeat calls beat every interval until stopped.
+// heartbeat calls beat every interval until stopped; stop waits for a beat under way, so
+// nothing the beat touches is used by both.
 type heartbeat struct {
 	mu      sync.Mutex
 	t       *time.Timer
@@ -66,12 +72,13 @@ func newHeartbeat(interval time.Duration, beat func()) *heartbeat {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.t = time.AfterFunc(interval, func() {
-		beat()
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		if !h.stopped {
-			h.t.Reset(interval)
+		if h.stopped {
+			return
 		}
+		beat()
+		h.t.Reset(interval)
 	})
 	return h
 }

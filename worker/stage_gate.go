@@ -2,7 +2,13 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -13,12 +19,36 @@ import (
 // stored outcome), or another message with the same id is running it (wait for that one).
 func (r *run) gate(ctx context.Context) error {
 	w := r.w
-	claim, st, rev, err := w.gate.claim(ctx, r.runID, r.identity, r.meta.Sequence.Stream, r.start)
+	r.owner = w.cfg.ID + "/" + nuid.Next()
+	claim, st, rev, err := w.gate.claim(ctx, r.runID, r.identity, r.meta.Sequence.Stream, r.start, r.owner, w.lease())
 	if err != nil {
 		// A full bucket is said once in the log and in health; the delivery comes back later.
 		return w.noteStore(topology.KVStream(w.opt.Topology.RunsBucket), err)
 	}
 	switch claim {
+	case claimBusy:
+		// JetStream delivered this message again while another delivery still runs it (its
+		// consumer's leader changed under it): wait for that one, never call the model twice.
+		// Look again when the lease ends, or sooner (a third of the ack wait): the other
+		// delivery usually finishes long before its lease would.
+		until := time.Now().Add(max(w.opt.Topology.AckWait/3, leaseRecheck))
+		if st.LeaseUntil.Before(until) {
+			until = st.LeaseUntil
+		}
+		until = until.Add(rand.N(100 * time.Millisecond))
+		return &waitError{ownerSeq: st.StreamSeq, until: until,
+			why: fmt.Sprintf("another delivery of this message is running the run (%s, its lease until %s); answering once it finishes",
+				st.Owner, st.LeaseUntil.UTC().Format(time.RFC3339Nano))}
+	case claimRedelivery:
+		// The last delivery ended, or its replica died and its lease lapsed: this one takes the
+		// run over. Compare-and-set: of two deliveries doing so at once, one wins.
+		st.Owner, st.LeaseUntil = r.owner, time.Now().Add(w.lease())
+		if rev, err = w.gate.save(ctx, r.runID, st, rev); err != nil {
+			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+				return &waitError{ownerSeq: st.StreamSeq, why: "another delivery of this message took the run over first; answering once it finishes"}
+			}
+			return fmt.Errorf("take over the run: %w", err)
+		}
 	case claimConflict:
 		r.recordID = r.derived
 		return contract.Errorf(contract.CodeRunIDConflict, "run id %q belongs to another caller's run; that run is untouched; use a fresh run id", r.runID)
@@ -44,6 +74,7 @@ func (r *run) gate(ctx context.Context) error {
 			return &waitError{ownerSeq: st.StreamSeq, why: "run id is in flight from another message; answering once it finishes"}
 		}
 		st.StreamSeq = r.meta.Sequence.Stream
+		st.Owner, st.LeaseUntil = r.owner, time.Now().Add(w.lease())
 		if rev, err = w.gate.save(ctx, r.runID, st, rev); err != nil {
 			return fmt.Errorf("take over run from a vanished message: %w", err)
 		}
@@ -51,5 +82,51 @@ func (r *run) gate(ctx context.Context) error {
 	}
 	r.state, r.rev = st, rev
 	r.attempts = append(r.attempts, st.Attempts...)
+	return nil
+}
+
+// lease is how long a claim keeps a run its delivery's: twice the ack wait, so a live
+// delivery's lease outlasts JetStream's redelivery of it to a replica that thinks it dead, and
+// a dead one's lapses soon after its message comes back. Calls longer than half of it renew
+// it (renewLease).
+func (w *Worker) lease() time.Duration { return 2 * w.opt.Topology.AckWait }
+
+// renewLease extends this delivery's lease when half of it is gone; the call's heartbeat calls
+// it while a call runs long. A renewal that finds the run taken over (its lease lapsed while
+// the gate could not be reached) leaves it to the new owner: storing would then fail.
+func (r *run) renewLease(ctx context.Context) {
+	r.leaseMu.Lock()
+	defer r.leaseMu.Unlock()
+	if r.state == nil || r.state.Owner != r.owner || time.Until(r.state.LeaseUntil) > r.w.lease()/2 {
+		return
+	}
+	st := *r.state
+	st.LeaseUntil = time.Now().Add(r.w.lease())
+	sctx, cancel := context.WithTimeout(ctx, storeAttemptTimeout)
+	defer cancel()
+	rev, err := r.w.gate.save(sctx, r.runID, &st, r.rev)
+	if err != nil {
+		r.log.Warn().Err(err).Msg("could not renew the run's lease in the gate")
+		return
+	}
+	*r.state, r.rev = st, rev
+}
+
+// releaseLease ends this delivery's claim on a run it did not finish (it is nak'ed), saving
+// its attempts with it, so the next delivery takes the run at once instead of waiting the
+// lease out.
+func (r *run) releaseLease(ctx context.Context) error {
+	r.leaseMu.Lock()
+	defer r.leaseMu.Unlock()
+	if r.state == nil || r.state.Owner != r.owner {
+		return nil
+	}
+	r.state.Attempts = r.attempts
+	r.state.Owner, r.state.LeaseUntil = "", time.Time{}
+	rev, err := r.w.gate.save(ctx, r.runID, r.state, r.rev)
+	if err != nil {
+		return err
+	}
+	r.rev = rev
 	return nil
 }

@@ -111,6 +111,7 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 	if r.state != nil {
 		st := *r.state
 		st.Status, st.Attempts = runDone, r.attempts
+		st.Owner, st.LeaseUntil = "", time.Time{} // finished: no delivery holds it any more
 		st.ReplyTo, st.Reply, st.Subject, st.Record = r.replyTo, reply, subject, nil
 		st.Held = r.heldQuestions()
 		st.Finished = &finishedState{
@@ -121,6 +122,9 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 		}
 		err := r.store(ctx, "store the outcome", topology.KVStream(r.w.opt.Topology.RunsBucket), func(ctx context.Context) error {
 			rev, err := r.w.gate.save(ctx, r.runID, &st, r.rev)
+			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+				return r.revisionMoved(ctx)
+			}
 			if err != nil {
 				return err
 			}
@@ -321,7 +325,7 @@ func (r *run) store(ctx context.Context, what, stream string, op func(context.Co
 		if _, refused := refusedBy(err); refused {
 			return err
 		}
-		if err == nil || isTooLarge(err) || ctx.Err() != nil || !time.Now().Add(delay).Before(budget) {
+		if err == nil || isTooLarge(err) || errors.Is(err, errRunTaken) || ctx.Err() != nil || !time.Now().Add(delay).Before(budget) {
 			if err != nil && isTooLarge(err) {
 				return fmt.Errorf("%w: %w", errTooLarge, err)
 			}
@@ -338,6 +342,31 @@ func (r *run) store(ctx context.Context, what, stream string, op func(context.Co
 		}
 		delay = min(2*delay, maxDelay)
 	}
+}
+
+// errRunTaken: another delivery took the run over (this one's lease lapsed while the gate
+// could not be reached) or finished it; this delivery's outcome is not stored, and the next
+// delivery answers from the gate.
+var errRunTaken = errors.New("another delivery took the run over; this one's outcome is not stored")
+
+// revisionMoved says what to do when the gate entry moved on under this delivery: if it is
+// still this delivery's (a renewal of its lease whose answer was lost), store again on the new
+// revision; if another delivery took the run over or finished it, errRunTaken.
+func (r *run) revisionMoved(ctx context.Context) error {
+	e, err := r.w.gate.get(ctx, r.state.key)
+	if err != nil {
+		return fmt.Errorf("run-id gate: re-read after a revision mismatch: %w", err)
+	}
+	var st runState
+	if err := json.Unmarshal(e.value, &st); err != nil {
+		return fmt.Errorf("run-id gate: decode entry: %w", err)
+	}
+	if st.Status == runRunning && st.Owner == r.owner {
+		r.rev = e.revision
+		return errors.New("run-id gate: the entry moved on (this delivery's own lease renewal); storing again")
+	}
+	r.log.Warn().Str("status", st.Status).Str("owner", st.Owner).Msg("another delivery took the run over, or finished it, while this one held an answer; its outcome stands")
+	return errRunTaken
 }
 
 // storeAttemptTimeout bounds one try of store.

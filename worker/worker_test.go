@@ -1068,3 +1068,71 @@ func TestRunThatNoDeliveryFinishesEndsAfterMaxDeliver(t *testing.T) {
 	}
 	waitFor(t, "record", 5*time.Second, func() bool { return len(h.records()) == 1 })
 }
+
+// counting blocks every call until released and counts them: how often the model was asked.
+type counting struct {
+	provider.Provider
+	calls   atomic.Int64
+	release chan struct{}
+}
+
+func (c *counting) Evaluate(ctx context.Context, req *contract.Request) (*contract.Response, error) {
+	c.calls.Add(1)
+	select {
+	case <-c.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return c.Provider.Evaluate(ctx, req)
+}
+
+// TestASecondDeliveryOfARunningMessageWaits is the soak's double scoring (issue 24): JetStream
+// handed a message to a second replica while the first was still running it (the consumer's
+// leader died before the first delivery was replicated, and the new leader delivered it again
+// at once), and both called the model. Here the consumer's ack wait is cut under a call in
+// flight, so JetStream redelivers the message while its first delivery still waits for the
+// model: the second delivery finds the first one's lease in the gate and waits, and the model
+// is asked once.
+func TestASecondDeliveryOfARunningMessageWaits(t *testing.T) {
+	h := newHarness(t)
+	h.topo.AckWait = 15 * time.Second // the replica heartbeats every 5 s, its lease lasts 30 s
+	model := &counting{Provider: h.ollama(5 * time.Second), release: make(chan struct{})}
+	h.start(func(o *replicaOpts) { o.provider = model })
+	ctx := context.Background()
+	inbox := nats.NewInbox()
+	sub, _ := h.nc.SubscribeSync(inbox)
+	if _, err := h.cl.Publish(ctx, client.Request{Caller: "svc-a", Body: []byte(ticket), RunID: "lease-1", ReplyTo: inbox}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the model asked", 10*time.Second, func() bool { return model.calls.Load() == 1 })
+	// JetStream now thinks the delivery dead after a second: it delivers the message again.
+	s, err := h.js.Stream(ctx, h.topo.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for info := range s.ListConsumers(ctx).Info() {
+		cfg := info.Config
+		cfg.AckWait = time.Second
+		if _, err := h.js.UpdateConsumer(ctx, h.topo.RequestsStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the second delivery waiting for the first one's lease", 20*time.Second, func() bool {
+		return strings.Contains(h.logs.String(), "another delivery of this message is running the run")
+	})
+	close(model.release)
+	m, err := sub.NextMsg(20 * time.Second)
+	if err != nil {
+		t.Fatalf("no reply: %v", err)
+	}
+	if rep, _ := client.ParseReply(m); rep.Status != contract.StatusSuccess || rep.RunID != "lease-1" {
+		t.Fatalf("reply %s", rep.Raw)
+	}
+	waitFor(t, "the request acknowledged", 20*time.Second, func() bool { return h.pending() == 0 })
+	if n := model.calls.Load(); n != 1 {
+		t.Fatalf("the model was asked %d times for one run", n)
+	}
+	if recs := h.records(); len(recs) != 1 {
+		t.Errorf("%d records", len(recs))
+	}
+}

@@ -17,10 +17,11 @@ import (
 	"time"
 )
 
-// reviewer is an automatic reviewer working the review page the way a person does, over its
-// HTTP interface: it signs in, asks for the next item, waits a moment (a random delay, seeded),
-// picks one of the buttons and submits it. Now and then a second reviewer submits the same
-// item at once, so the page's "first label wins" is exercised with the held reply behind it.
+// reviewer is an automatic reviewer team working the review page the way people do, over its
+// HTTP interface: signed in, it reads the queue, and each item it finds there is taken by one
+// of a few reviewers after a random delay (seeded), who opens the item, picks one of its buttons
+// and submits it. Now and then a second reviewer submits the same item at the same moment, so
+// the page's "first label wins" is exercised with the held reply behind it.
 type reviewer struct {
 	base     string
 	password string
@@ -36,6 +37,7 @@ type reviewer struct {
 type person struct {
 	name   string
 	client *http.Client
+	mu     sync.Mutex // guards signed; held while signing in
 	signed bool
 }
 
@@ -62,35 +64,93 @@ func (r *reviewer) note(err error) {
 	r.lastErr.Store(&s)
 }
 
+// reviewers is how many items are being labelled at once.
+const reviewers = 6
+
 // run works the queue until ctx ends.
 func (r *reviewer) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	slots := make(chan struct{}, reviewers)
+	var mu sync.Mutex
+	taken := map[string]bool{} // items a reviewer is on
 	for ctx.Err() == nil {
-		worked, err := r.once(ctx)
+		ids, err := r.queue(ctx, r.people[0])
 		if err != nil {
 			r.failed.Add(1)
 			r.note(err)
 		}
-		if !worked || err != nil {
-			pause(ctx, 300*time.Millisecond) // nothing to review, or the page is failing over
+		for _, id := range ids {
+			mu.Lock()
+			busy := taken[id]
+			taken[id] = true
+			mu.Unlock()
+			if busy {
+				continue
+			}
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			delay := time.Duration(r.intn(int(r.maxDelay/time.Millisecond)+1)) * time.Millisecond
+			wg.Go(func() {
+				defer func() { <-slots }()
+				// A moment's thought, as a person would take.
+				pause(ctx, delay)
+				if err := r.label(ctx, id); err != nil {
+					r.failed.Add(1)
+					r.note(err)
+				}
+				mu.Lock()
+				delete(taken, id) // labelled, or failed: if it is still pending it comes back
+				mu.Unlock()
+			})
 		}
+		pause(ctx, 300*time.Millisecond)
 	}
 }
 
-// once labels the next pending item, if there is one.
-func (r *reviewer) once(ctx context.Context) (bool, error) {
-	p := r.people[0]
+// itemLink is an item's link on the queue page.
+var itemLink = regexp.MustCompile(`href="/items/(rv-[0-9a-f]+)`)
+
+// queue reads the pending items' ids from the queue page, oldest first.
+func (r *reviewer) queue(ctx context.Context, p *person) ([]string, error) {
 	if err := r.signIn(ctx, p); err != nil {
-		return false, err
+		return nil, err
 	}
-	item, page, err := r.next(ctx, p)
-	if err != nil || item == "" {
-		return false, err
+	resp, page, err := r.get(ctx, p, "/")
+	if err != nil {
+		return nil, err
 	}
-	// A moment's thought, as a person would take.
-	pause(ctx, time.Duration(r.intn(int(r.maxDelay/time.Millisecond)+1))*time.Millisecond)
+	if resp.StatusCode == http.StatusSeeOther {
+		p.signOut()
+		return nil, errors.New("signed out")
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("the queue: %s", resp.Status)
+	}
+	var ids []string
+	seen := map[string]bool{}
+	for _, m := range itemLink.FindAllStringSubmatch(page, -1) {
+		if !seen[m[1]] {
+			seen[m[1]] = true
+			ids = append(ids, m[1])
+		}
+	}
+	return ids, nil
+}
+
+// label labels one item, sometimes by two reviewers at once.
+func (r *reviewer) label(ctx context.Context, item string) error {
+	p := r.people[0]
+	page, err := r.itemPage(ctx, p, item)
+	if err != nil {
+		return err
+	}
 	form, err := labelForm(page)
 	if err != nil {
-		return false, fmt.Errorf("item %s: %w", item, err)
+		return fmt.Errorf("item %s: %w", item, err)
 	}
 	choice := form.choices[r.intn(len(form.choices))]
 	if len(r.people) > 1 && r.intn(5) == 0 {
@@ -104,13 +164,19 @@ func (r *reviewer) once(ctx context.Context) (bool, error) {
 					wg.Go(func() { _, _ = r.submit(ctx, q, item, f2, alt) })
 					_, err := r.submit(ctx, p, item, form, choice)
 					wg.Wait()
-					return true, err
+					return err
 				}
 			}
 		}
 	}
 	_, err = r.submit(ctx, p, item, form, choice)
-	return true, err
+	return err
+}
+
+func (p *person) signOut() {
+	p.mu.Lock()
+	p.signed = false
+	p.mu.Unlock()
 }
 
 var (
@@ -150,6 +216,8 @@ func (r *reviewer) post(ctx context.Context, p *person, path string, form url.Va
 }
 
 func (r *reviewer) signIn(ctx context.Context, p *person) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.signed {
 		return nil
 	}
@@ -176,38 +244,13 @@ func (r *reviewer) signIn(ctx context.Context, p *person) error {
 	return nil
 }
 
-// next asks the page for the next pending item: its id and page, or "" when there is none.
-func (r *reviewer) next(ctx context.Context, p *person) (string, string, error) {
-	resp, _, err := r.get(ctx, p, "/next")
-	if err != nil {
-		return "", "", err
-	}
-	loc := resp.Header.Get("Location")
-	switch {
-	case resp.StatusCode != http.StatusSeeOther:
-		return "", "", fmt.Errorf("/next: %s", resp.Status)
-	case strings.HasPrefix(loc, "/login"):
-		p.signed = false
-		return "", "", errors.New("signed out")
-	case !strings.HasPrefix(loc, "/items/"):
-		return "", "", nil // the queue: nothing pending
-	}
-	u, err := url.Parse(loc)
-	if err != nil {
-		return "", "", err
-	}
-	id := strings.TrimPrefix(u.Path, "/items/")
-	page, err := r.itemPage(ctx, p, id)
-	return id, page, err
-}
-
 func (r *reviewer) itemPage(ctx context.Context, p *person, id string) (string, error) {
 	resp, page, err := r.get(ctx, p, "/items/"+url.PathEscape(id))
 	if err != nil {
 		return "", err
 	}
 	if resp.StatusCode == http.StatusSeeOther {
-		p.signed = false
+		p.signOut()
 		return "", errors.New("signed out")
 	}
 	if resp.StatusCode != http.StatusOK {
@@ -251,7 +294,7 @@ func (r *reviewer) submit(ctx context.Context, p *person, id string, f itemForm,
 	switch resp.StatusCode {
 	case http.StatusSeeOther:
 		if strings.HasPrefix(resp.Header.Get("Location"), "/login") {
-			p.signed = false
+			p.signOut()
 			return false, errors.New("signed out")
 		}
 		r.labelled.Add(1)
