@@ -3,8 +3,8 @@ package worker
 import (
 	"context"
 	"fmt"
-	"sync"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -60,7 +60,7 @@ type run struct {
 	rev      uint64
 	owner    string     // this delivery's token in the entry's lease
 	leaseMu  sync.Mutex // guards state and rev while the call's heartbeat may renew the lease
-	finished *runState // the run had already finished: it is answered from this stored outcome
+	finished *runState  // the run had already finished: it is answered from this stored outcome
 
 	// prepare
 	deadline  time.Time
