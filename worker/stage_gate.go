@@ -85,19 +85,19 @@ func (r *run) gate(ctx context.Context) error {
 	return nil
 }
 
-// lease is how long a claim keeps a run its delivery's: twice the ack wait, so a live
-// delivery's lease outlasts JetStream's redelivery of it to a replica that thinks it dead, and
-// a dead one's lapses soon after its message comes back. Calls longer than half of it renew
-// it (renewLease).
-func (w *Worker) lease() time.Duration { return 2 * w.opt.Topology.AckWait }
+// lease is how long a claim keeps a run its delivery's: the ack wait and a quarter. A live
+// delivery renews it with every heartbeat of a long call (renewLease), so JetStream handing the
+// message to another replica (a consumer leader's change can do it at once) finds it held; a
+// dead replica's lapses a few seconds after JetStream redelivers its message for silence.
+func (w *Worker) lease() time.Duration { return w.opt.Topology.AckWait + w.opt.Topology.AckWait/4 }
 
-// renewLease extends this delivery's lease when half of it is gone; the call's heartbeat calls
-// it while a call runs long. A renewal that finds the run taken over (its lease lapsed while
-// the gate could not be reached) leaves it to the new owner: storing would then fail.
+// renewLease extends this delivery's lease; the call's heartbeat calls it every third of the
+// ack wait while a call runs long. A renewal that finds the run taken over (its lease lapsed
+// while the gate could not be reached) leaves it to the new owner: storing would then fail.
 func (r *run) renewLease(ctx context.Context) {
 	r.leaseMu.Lock()
 	defer r.leaseMu.Unlock()
-	if r.state == nil || r.state.Owner != r.owner || time.Until(r.state.LeaseUntil) > r.w.lease()/2 {
+	if r.state == nil || r.state.Owner != r.owner || time.Until(r.state.LeaseUntil) > r.w.lease()-r.w.opt.Topology.AckWait/4 {
 		return
 	}
 	st := *r.state
