@@ -146,7 +146,8 @@ func legacyGateKey(runID string) string { return "r" + hex.EncodeToString([]byte
 
 // claim records ownership of runID for the caller of id, or reports why it cannot (a run id
 // belongs to the caller that first used it: auth.SameOwner).
-func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uint64, now time.Time, owner string, lease time.Duration) (claimResult, *runState, uint64, error) {
+func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uint64, start time.Time, owner string, lease time.Duration) (claimResult, *runState, uint64, error) {
+	now := time.Now()
 	caller := id.Caller
 	key := GateKey(runID)
 	if strings.Contains(runID, ":") {
@@ -160,7 +161,7 @@ func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uin
 			return 0, nil, 0, fmt.Errorf("run-id gate: get legacy entry: %w", err)
 		}
 	}
-	fresh := runState{Caller: caller, Status: runRunning, StreamSeq: seq, StartedAt: now, key: key, Owner: owner, LeaseUntil: now.Add(lease)}
+	fresh := runState{Caller: caller, Status: runRunning, StreamSeq: seq, StartedAt: start, key: key, Owner: owner, LeaseUntil: now.Add(lease)}
 	val, err := fresh.encode()
 	if err != nil {
 		return 0, nil, 0, fmt.Errorf("encode run state: %w", err)
@@ -171,6 +172,11 @@ func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uin
 			return claimNew, &fresh, rev, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
+			// The create's fate is unknown (a timeout in an election): if it landed, the entry
+			// holds this delivery's lease, and it is this delivery's run.
+			if e, gerr := g.get(ctx, key); gerr == nil && bytes.Equal(e.value, val) {
+				return claimNew, &fresh, e.revision, nil
+			}
 			return 0, nil, 0, fmt.Errorf("run-id gate: create: %w", err)
 		}
 		entry, err := g.get(ctx, key)

@@ -20,25 +20,16 @@ import (
 func (r *run) gate(ctx context.Context) error {
 	w := r.w
 	r.owner = w.cfg.ID + "/" + nuid.Next()
-	claim, st, rev, err := w.gate.claim(ctx, r.runID, r.identity, r.meta.Sequence.Stream, r.start, r.owner, w.lease())
+	claim, st, rev, err := r.claim(ctx)
 	if err != nil {
 		// A full bucket is said once in the log and in health; the delivery comes back later.
 		return w.noteStore(topology.KVStream(w.opt.Topology.RunsBucket), err)
 	}
 	switch claim {
 	case claimBusy:
-		// JetStream delivered this message again while another delivery still runs it (its
-		// consumer's leader changed under it): wait for that one, never call the model twice.
-		// Look again when the lease ends, or sooner (a third of the ack wait): the other
-		// delivery usually finishes long before its lease would.
-		until := time.Now().Add(max(w.opt.Topology.AckWait/3, leaseRecheck))
-		if st.LeaseUntil.Before(until) {
-			until = st.LeaseUntil
-		}
-		until = until.Add(rand.N(100 * time.Millisecond))
-		return &waitError{ownerSeq: st.StreamSeq, until: until,
-			why: fmt.Sprintf("another delivery of this message is running the run (%s, its lease until %s); answering once it finishes",
-				st.Owner, st.LeaseUntil.UTC().Format(time.RFC3339Nano))}
+		// Another delivery still held the run when this one gave up waiting: try again later.
+		return &waitError{ownerSeq: st.StreamSeq, until: st.LeaseUntil,
+			why: fmt.Sprintf("another delivery of this message is still running the run (%s, its lease until %s)", st.Owner, st.LeaseUntil.UTC().Format(time.RFC3339Nano))}
 	case claimRedelivery:
 		// The last delivery ended, or its replica died and its lease lapsed: this one takes the
 		// run over. Compare-and-set: of two deliveries doing so at once, one wins.
@@ -83,6 +74,45 @@ func (r *run) gate(ctx context.Context) error {
 	r.state, r.rev = st, rev
 	r.attempts = append(r.attempts, st.Attempts...)
 	return nil
+}
+
+// claim claims the run in the gate. JetStream can deliver a message again while another
+// delivery still runs it (when a consumer's leader dies before that delivery was replicated,
+// the new leader hands the message out at once): then this delivery waits, keeping the
+// message alive, until the other one finishes (the run is answered from its stored outcome),
+// releases it, or its lease lapses (its replica died: this one takes the run over) — never
+// calling the model beside it. Waiting inside the delivery, rather than nak'ing, spends none
+// of the message's deliveries, which count the run's tries.
+func (r *run) claim(ctx context.Context) (claimResult, *runState, uint64, error) {
+	w := r.w
+	var logged bool
+	lastBeat := time.Now()
+	for {
+		claim, st, rev, err := w.gate.claim(ctx, r.runID, r.identity, r.meta.Sequence.Stream, r.start, r.owner, w.lease())
+		if err != nil || claim != claimBusy {
+			return claim, st, rev, err
+		}
+		if !logged {
+			r.log.Info().Str("owner", st.Owner).Time("lease_until", st.LeaseUntil).
+				Msg("another delivery of this message is running the run; waiting for it instead of calling the model again")
+			logged = true
+		}
+		if time.Since(r.start) > w.lease()+w.opt.Topology.AckWait/2 {
+			return claim, st, rev, nil // its lease keeps being renewed: come back later
+		}
+		if time.Since(lastBeat) >= w.opt.Topology.AckWait/3 {
+			_ = r.msg.InProgress()
+			lastBeat = time.Now()
+		}
+		wait := min(time.Until(st.LeaseUntil), time.Second) + rand.N(50*time.Millisecond)
+		t := time.NewTimer(max(wait, leaseRecheck))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, nil, 0, ErrShutdown
+		case <-t.C:
+		}
+	}
 }
 
 // lease is how long a claim keeps a run its delivery's: the ack wait and a quarter. A live
