@@ -369,6 +369,9 @@ func startCluster(ctx context.Context, dir string, n int, sync string) ([]*serve
 			ServerName: fmt.Sprintf("bench-%d", i+1), Host: "127.0.0.1", Port: ports[2*i],
 			JetStream: true, StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), NoLog: true, NoSigs: true,
 			MaxPayload: 8 << 20, SyncAlways: always, SyncInterval: every,
+			// sys1's stream limits add up to more than a small disk's free space: reserve them
+			// whatever it says, as the embedded server does.
+			JetStreamMaxStore: 1 << 40,
 			Cluster: server.ClusterOpts{Name: "sys1-bench", Host: "127.0.0.1", Port: ports[2*i+1]},
 			Routes:  server.RoutesFromStr(strings.Join(routes, ",")),
 		}

@@ -54,6 +54,10 @@ max_payload: 8MB
 jetstream {
   store_dir: %q
   sync_interval: %s
+  # sys1's stream and bucket limits add up to 23.7 GiB a node (README, Storage budget); three
+  # nodes on one disk reserve that each, whatever its free space says.
+  max_file_store: 1TB
+  max_memory_store: 1GB
 }
 cluster {
   name: sys1-soak
