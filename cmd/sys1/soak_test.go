@@ -22,6 +22,8 @@ func TestSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the soak runs the whole fleet for over a minute")
 	}
+	// Beside the script tests, which mostly wait too: the package's wall time is what CI pays.
+	t.Parallel()
 	dsn := chtest.DSN(t)
 	// The fleet runs this test binary as sys1 (testscript.Main put it on PATH, script_test.go):
 	// no second build, and with the race detector when the tests have it.
