@@ -372,8 +372,8 @@ func startCluster(ctx context.Context, dir string, n int, sync string) ([]*serve
 			// sys1's stream limits add up to more than a small disk's free space: reserve them
 			// whatever it says, as the embedded server does.
 			JetStreamMaxStore: 1 << 40,
-			Cluster: server.ClusterOpts{Name: "sys1-bench", Host: "127.0.0.1", Port: ports[2*i+1]},
-			Routes:  server.RoutesFromStr(strings.Join(routes, ",")),
+			Cluster:           server.ClusterOpts{Name: "sys1-bench", Host: "127.0.0.1", Port: ports[2*i+1]},
+			Routes:            server.RoutesFromStr(strings.Join(routes, ",")),
 		}
 		s, err := server.NewServer(opts)
 		if err != nil {
