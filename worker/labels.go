@@ -58,15 +58,17 @@ type labelLoops struct {
 // ensureLabelConsumers creates or updates the consumer of submissions and that of accepted
 // labels (the streams themselves are topology.Ensure's).
 func (w *Worker) ensureLabelConsumers(ctx context.Context) error {
-	labels, err := topology.EnsureLabelsConsumer(ctx, w.opt.JS, w.opt.Topology)
-	if err != nil {
-		return err
+	if w.fair == nil { // with fair share each sender's submissions have a consumer of their own
+		labels, err := topology.EnsureLabelsConsumer(ctx, w.opt.JS, w.opt.Topology)
+		if err != nil {
+			return err
+		}
+		w.labelLoops.labels.Store(&labels)
 	}
 	holds, err := topology.EnsureHoldsConsumer(ctx, w.opt.JS, w.opt.Topology)
 	if err != nil {
 		return err
 	}
-	w.labelLoops.labels.Store(&labels)
 	w.labelLoops.holds.Store(&holds)
 	return nil
 }
@@ -74,7 +76,59 @@ func (w *Worker) ensureLabelConsumers(ctx context.Context) error {
 // labelSubmissions checks submitted labels until ctx ends; runCtx bounds the work on one.
 func (w *Worker) labelSubmissions(ctx, runCtx context.Context) {
 	w.drainLegacyLabels(ctx, runCtx)
+	if w.fair != nil {
+		w.consumeLabelFlows(ctx, runCtx)
+		return
+	}
 	w.consumeLabels(ctx, runCtx, w.opt.Topology.LabelSubmissionsStream, w.opt.Topology.LabelsConsumer, &w.labelLoops.labels, topology.EnsureLabelsConsumer, w.checkLabel)
+}
+
+// consumeLabelFlows checks submitted labels with fair share: one at a time, senders served in
+// turn (worker/fair), so one sender's flood of labels does not hold up another's, until ctx
+// ends.
+func (w *Worker) consumeLabelFlows(ctx, runCtx context.Context) {
+	lane := w.fair.labels
+	var fails int
+	for ctx.Err() == nil {
+		if w.isFull(w.opt.Topology.LabelsStream) {
+			// Back-pressure, as in consumeLabels: nothing is pulled while a checked label
+			// could not be stored.
+			select {
+			case <-time.After(w.cfg.StatusInterval):
+			case <-ctx.Done():
+			}
+			continue
+		}
+		n, err := lane.Take(ctx, 1, func(m jetstream.Msg, f topology.Flow) bool {
+			if ctx.Err() != nil {
+				_ = m.Nak() // pulled after SIGTERM: another replica takes it
+				return false
+			}
+			w.checkLabel(runCtx, flowMsg{Msg: m, lane: lane, flow: f})
+			return true
+		})
+		if n > 0 {
+			fails = 0
+			continue
+		}
+		wait := w.opt.FetchWait
+		if err != nil {
+			fails++
+			wait = min(time.Duration(fails)*200*time.Millisecond, 5*time.Second)
+			w.log.Debug().Err(err).Dur("retry_in", wait).Msg("label pull failed")
+		}
+		ready := lane.Ready()
+		if err != nil {
+			ready = nil // back off first
+		}
+		idle := time.NewTimer(wait)
+		select {
+		case <-ready:
+		case <-idle.C:
+		case <-ctx.Done():
+		}
+		idle.Stop()
+	}
 }
 
 // drainLegacyLabels checks the submissions a version before SYS1_LABEL_SUBMISSIONS left on

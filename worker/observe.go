@@ -15,6 +15,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/metrics"
+	"github.com/sys1hq/sys1/worker/topology"
 	"github.com/sys1hq/sys1/worker/tracing"
 )
 
@@ -168,7 +169,7 @@ func (r *run) stage(ctx context.Context, name string, fn func(*run, context.Cont
 		if !r.obs.queued {
 			r.obs.queued = true
 			if r.meta.NumDelivered == 1 && !r.meta.Timestamp.IsZero() {
-				r.w.metrics.QueueWait(r.meta.Consumer, r.start.Sub(r.meta.Timestamp))
+				r.w.metrics.QueueWait(topology.SharedName(r.meta.Consumer), r.start.Sub(r.meta.Timestamp))
 			}
 		}
 	}

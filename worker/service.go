@@ -3,9 +3,9 @@ package worker
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -17,6 +17,7 @@ import (
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker/limits"
+	"github.com/sys1hq/sys1/worker/pause"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -74,7 +75,12 @@ type Totals struct {
 
 // ConsumerState is a shared consumer as the replica last saw it (every SYS1_STATUS_INTERVAL).
 type ConsumerState struct {
+	// Name is the shared consumer's, or with fair share the lane's flow consumers'
+	// (sys1-worker~*), whose figures are summed; Lane and Callers (those with messages
+	// waiting or in hand) are set then.
 	Name       string      `json:"name"`
+	Lane       string      `json:"lane,omitempty"`
+	Callers    int         `json:"callers,omitempty"`
 	Pending    uint64      `json:"pending"`
 	AckPending int         `json:"ack_pending"`
 	Redelivery int         `json:"redelivered"`
@@ -248,7 +254,7 @@ func (w *Worker) watchFleet(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for tick := 0; ; tick++ {
-		w.refreshFleet(ctx)
+		w.refreshFleet(ctx, tick)
 		if tick%storageEvery == storageEvery-1 { // Run read them just before the first tick
 			w.refreshStorage(ctx)
 		}
@@ -260,41 +266,97 @@ func (w *Worker) watchFleet(ctx context.Context, interval time.Duration) {
 	}
 }
 
-func (w *Worker) refreshFleet(ctx context.Context) {
-	names := []string{w.opt.Topology.WorkerConsumer, w.opt.Topology.BatchConsumer}
-	out := make([]ConsumerState, 0, len(names))
-	for _, name := range names {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		st := ConsumerState{Name: name}
-		cons, err := w.opt.JS.Consumer(cctx, w.opt.Topology.RequestsStream, name)
-		if err == nil {
-			info := cons.CachedInfo()
-			st.Pending, st.AckPending, st.Redelivery = info.NumPending, info.NumAckPending, info.NumRedelivered
-			st.Paused = PauseOf(info)
-		} else if !errors.Is(err, context.Canceled) {
-			st.Error = err.Error()
-		}
-		cancel()
-		out = append(out, st)
+func (w *Worker) refreshFleet(ctx context.Context, tick int) {
+	w.readPauses(ctx)
+	if w.fair != nil && tick%storageEvery != 0 {
+		return // listing every flow's consumer is heavier than reading two: less often
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	out, err := QueueState(cctx, w.opt.JS, w.opt.Topology)
+	if err != nil && ctx.Err() != nil {
+		return
 	}
 	w.fleet.consumers.Store(&out)
 }
 
-// PauseOf is a consumer's pause, nil when it is not paused.
-func PauseOf(info *jetstream.ConsumerInfo) *PauseState {
-	if !info.Paused || info.Config.PauseUntil == nil || !info.Config.PauseUntil.After(time.Now()) {
+// QueueState is the request stream's consumers as JetStream sees them now: each lane's shared
+// consumer (sys1-worker, sys1-worker-batch) when the fleet reads in arrival order, and with
+// fair share one entry per lane summing its flow consumers (named sys1-worker~*, with the
+// callers that have messages waiting or in hand). The interactive lane is always listed; an
+// error is said in every entry. Pauses are not filled in (see worker/pause).
+func QueueState(ctx context.Context, js jetstream.JetStream, t topology.Config) ([]ConsumerState, error) {
+	lanes := []topology.Lane{topology.LaneInteractive, topology.LaneBatch}
+	shared := map[string]*ConsumerState{}
+	sums := make([]ConsumerState, len(lanes))
+	for i, l := range lanes {
+		sums[i] = ConsumerState{Name: t.FlowConsumerPattern(l), Lane: string(l)}
+	}
+	seenFlows := make([]bool, len(lanes))
+	stream, err := js.Stream(ctx, t.RequestsStream)
+	if err == nil {
+		infos := stream.ListConsumers(ctx)
+		for info := range infos.Info() {
+			if info.Name == t.WorkerConsumer || info.Name == t.BatchConsumer {
+				shared[info.Name] = &ConsumerState{Name: info.Name, Pending: info.NumPending, AckPending: info.NumAckPending, Redelivery: info.NumRedelivered}
+				continue
+			}
+			for i, l := range lanes {
+				if !t.IsFlowConsumer(l, info.Name) {
+					continue
+				}
+				seenFlows[i] = true
+				sums[i].Pending += info.NumPending
+				sums[i].AckPending += info.NumAckPending
+				sums[i].Redelivery += info.NumRedelivered
+				if info.NumPending > 0 || info.NumAckPending > 0 {
+					sums[i].Callers++
+				}
+			}
+		}
+		err = infos.Err()
+	}
+	var out []ConsumerState
+	for i, l := range lanes {
+		name := t.WorkerConsumer
+		if l == topology.LaneBatch {
+			name = t.BatchConsumer
+		}
+		if c := shared[name]; c != nil {
+			out = append(out, *c)
+		}
+		if seenFlows[i] || (t.FairShare && shared[name] == nil && (l == topology.LaneInteractive || err != nil)) {
+			out = append(out, sums[i])
+		} else if !t.FairShare && shared[name] == nil && l == topology.LaneInteractive {
+			out = append(out, ConsumerState{Name: name})
+		}
+	}
+	if err != nil {
+		for i := range out {
+			out[i].Error = err.Error()
+		}
+		return out, fmt.Errorf("the consumers of %s: %w", t.RequestsStream, err)
+	}
+	return out, nil
+}
+
+// pauseState is a lane's pause as health shows it, nil when the lane is not paused.
+func (w *Worker) pauseState(l topology.Lane) *PauseState {
+	s, ok := w.pauses.Paused(l)
+	if !ok {
 		return nil
 	}
-	p := &PauseState{Reason: info.Config.Metadata[topology.PauseReasonKey], Since: info.Config.Metadata[topology.PausedAtKey]}
-	if until := info.Config.PauseUntil.UTC(); until.Before(time.Now().Add(UntilResumed / 2)) {
+	p := &PauseState{Reason: s.Reason, Since: s.At.UTC().Format(time.RFC3339)}
+	if !s.Open() {
+		until := s.Until.UTC()
 		p.Until = &until
 	}
 	return p
 }
 
-// UntilResumed is how far ahead a pause without an end is set (JetStream needs a time): far
-// enough that it only ends by sys1 resume.
-const UntilResumed = 100 * 365 * 24 * time.Hour
+// UntilResumed is how far ahead a pause without an end is set: far enough that it only ends
+// by sys1 resume.
+const UntilResumed = pause.UntilResumed
 
 // Health is the replica's health now.
 func (w *Worker) Health() Health {
@@ -314,12 +376,20 @@ func (w *Worker) Health() Health {
 		h.Storage = []StreamUsage{}
 	}
 	if cs := w.fleet.consumers.Load(); cs != nil {
-		h.Consumers = *cs
-		for _, c := range *cs {
-			if c.Name == w.opt.Topology.WorkerConsumer && c.Paused != nil {
-				h.Status, h.Paused = HealthPaused, c.Paused
-			}
+		h.Consumers = slices.Clone(*cs)
+	}
+	lanes := map[string]topology.Lane{w.opt.Topology.WorkerConsumer: topology.LaneInteractive, w.opt.Topology.BatchConsumer: topology.LaneBatch}
+	for i, c := range h.Consumers {
+		l, ok := lanes[c.Name]
+		if c.Lane != "" {
+			l, ok = topology.Lane(c.Lane), true
 		}
+		if ok {
+			h.Consumers[i].Paused = w.pauseState(l)
+		}
+	}
+	if p := w.pauseState(topology.LaneInteractive); p != nil {
+		h.Status, h.Paused = HealthPaused, p
 	}
 	return h
 }

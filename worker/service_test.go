@@ -17,6 +17,7 @@ import (
 	"github.com/sys1hq/sys1/provider/systemonetest"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/pause"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -121,10 +122,7 @@ func TestHealthSaysDegradedDownAndPaused(t *testing.T) {
 	waitFor(t, "degraded", 10*time.Second, func() bool { return status() == worker.HealthDegraded })
 	hosted.Close()
 	waitFor(t, "down", 10*time.Second, func() bool { return status() == worker.HealthDown })
-	ctx := context.Background()
-	if err := topology.Pause(ctx, h.js, h.topo.RequestsStream, h.topo.WorkerConsumer, time.Now().Add(time.Hour), "maintenance"); err != nil {
-		t.Fatal(err)
-	}
+	setPause(t, h, topology.LaneInteractive, time.Now().Add(time.Hour), "maintenance")
 	waitFor(t, "paused", 10*time.Second, func() bool { return status() == worker.HealthPaused })
 	if p := h.fleetHealth(1)[0].Paused; p == nil || p.Reason != "maintenance" || p.Until == nil {
 		t.Errorf("pause %+v", p)
@@ -139,9 +137,7 @@ func TestPauseStopsTheFleetAndLosesNothing(t *testing.T) {
 	fast := func(o *replicaOpts) { o.cfg.StatusInterval = 50 * time.Millisecond }
 	h.start(fast, func(o *replicaOpts) { o.cfg.ID = "a" })
 	ctx := context.Background()
-	if err := topology.Pause(ctx, h.js, h.topo.RequestsStream, h.topo.WorkerConsumer, time.Now().Add(worker.UntilResumed), ""); err != nil {
-		t.Fatal(err)
-	}
+	setPause(t, h, topology.LaneInteractive, time.Now().Add(worker.UntilResumed), "")
 	h.start(fast, func(o *replicaOpts) { o.cfg.ID = "b" }) // starts while paused
 	waitFor(t, "both replicas paused", 10*time.Second, func() bool {
 		hs := h.fleetHealth(-1)
@@ -168,9 +164,7 @@ func TestPauseStopsTheFleetAndLosesNothing(t *testing.T) {
 	if p := h.pending(); p != n {
 		t.Fatalf("%d requests in the stream while paused, want %d", p, n)
 	}
-	if err := topology.Resume(ctx, h.js, h.topo.RequestsStream, h.topo.WorkerConsumer); err != nil {
-		t.Fatal(err)
-	}
+	clearPause(t, h, topology.LaneInteractive)
 	answered := map[string]*client.Reply{}
 	for len(answered) < n {
 		m, err := sub.NextMsg(30 * time.Second)
@@ -185,5 +179,31 @@ func TestPauseStopsTheFleetAndLosesNothing(t *testing.T) {
 	}
 	if calls := h.fake.Calls(); calls != n-1 {
 		t.Errorf("provider calls = %d, want %d", calls, n-1)
+	}
+}
+
+// setPause pauses a lane as sys1 pause does (KV sys1-fleet).
+func setPause(t *testing.T, h *harness, lane topology.Lane, until time.Time, reason string) {
+	t.Helper()
+	ctx := context.Background()
+	kv, err := h.js.KeyValue(ctx, h.topo.FleetBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pause.Set(ctx, kv, lane, pause.State{Until: until, Reason: reason, At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// clearPause resumes a lane as sys1 resume does.
+func clearPause(t *testing.T, h *harness, lane topology.Lane) {
+	t.Helper()
+	ctx := context.Background()
+	kv, err := h.js.KeyValue(ctx, h.topo.FleetBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pause.Clear(ctx, kv, lane); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -189,7 +189,8 @@ func (w *Worker) streamNames() []string {
 	t := w.opt.Topology
 	names := []string{t.RequestsStream, t.RunsStream, t.RepliesStream, t.ReviewStream, t.LabelsStream, t.LabelSubmissionsStream,
 		t.DeadLetterStream, topology.KVStream(t.RunsBucket), topology.KVStream(t.ReviewBucket), topology.KVStream(t.CalibrationBucket),
-		topology.KVStream(t.CacheBucket), topology.KVStream(t.LimitsBucket), topology.KVStream(t.ReviewSessionsBucket)}
+		topology.KVStream(t.CacheBucket), topology.KVStream(t.LimitsBucket), topology.KVStream(t.ReviewSessionsBucket),
+		topology.KVStream(t.FleetBucket)}
 	return names
 }
 

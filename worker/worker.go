@@ -35,6 +35,7 @@ import (
 	"github.com/sys1hq/sys1/worker/limits"
 	"github.com/sys1hq/sys1/worker/livefile"
 	"github.com/sys1hq/sys1/worker/metrics"
+	"github.com/sys1hq/sys1/worker/pause"
 	"github.com/sys1hq/sys1/worker/policy"
 	"github.com/sys1hq/sys1/worker/startup"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -94,6 +95,14 @@ type Worker struct {
 	deadCons atomic.Pointer[jetstream.Consumer]
 	// labelLoops are the consumers of SYS1_LABELS (labels.go, holds.go); ensure replaces them.
 	labelLoops labelLoops
+	// fair reads the lanes flow by flow, callers served in turn (SYS1_FAIR_SHARE, the
+	// default; fairshare.go); nil when off, and cons, batchCons and the labels consumer
+	// deliver in arrival order instead. batchFreed is signalled as batch slots free.
+	fair       *fairShare
+	batchFreed chan struct{}
+	// pauses follows the fleet's pause switch (sys1 pause; KV sys1-fleet, fleetKV).
+	pauses  *pause.Follower
+	fleetKV atomic.Pointer[jetstream.KeyValue]
 	// requests is the request stream, to tell whether a run's owning message still exists.
 	// JetStream handles are names, so this one stays valid when the stream is recreated.
 	requests jetstream.Stream
@@ -153,13 +162,16 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	if opt.FetchWait <= 0 {
 		opt.FetchWait = time.Second
 	}
-	w := &Worker{cfg: cfg, opt: opt, repair: make(chan struct{}, 1)}
+	w := &Worker{cfg: cfg, opt: opt, repair: make(chan struct{}, 1), batchFreed: make(chan struct{}, 1), pauses: pause.NewFollower()}
 	w.log = opt.Logger.With().Str("worker", cfg.ID).Logger()
 	ch, err := w.buildChain()
 	if err != nil {
 		return nil, err
 	}
 	w.chain = ch
+	if opt.Topology.FairShare {
+		w.fair = w.newFairShare()
+	}
 	if err := w.instrument(); err != nil {
 		return nil, err
 	}
@@ -187,13 +199,25 @@ func (w *Worker) ensure(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cons, err := topology.EnsureWorkerConsumer(ctx, w.opt.JS, w.opt.Topology)
+	if err := w.followPauses(ctx); err != nil {
+		return err
+	}
+	removed, err := topology.RemoveOtherModeConsumers(ctx, w.opt.JS, w.opt.Topology)
+	if len(removed) > 0 {
+		w.log.Warn().Strs("consumers", removed).Bool("fair_share", w.opt.Topology.FairShare).
+			Msg("removed the consumers of a fleet that read its lanes the other way (SYS1_FAIR_SHARE); their messages are delivered through this way's")
+	}
 	if err != nil {
 		return err
 	}
-	batchCons, err := topology.EnsureBatchConsumer(ctx, w.opt.JS, w.opt.Topology)
-	if err != nil {
-		return err
+	var cons, batchCons jetstream.Consumer
+	if w.fair == nil {
+		if cons, err = topology.EnsureWorkerConsumer(ctx, w.opt.JS, w.opt.Topology); err != nil {
+			return err
+		}
+		if batchCons, err = topology.EnsureBatchConsumer(ctx, w.opt.JS, w.opt.Topology); err != nil {
+			return err
+		}
 	}
 	if w.fits.Load() == nil {
 		if err := w.loadFits(ctx); err != nil {
@@ -214,7 +238,7 @@ func (w *Worker) ensure(ctx context.Context) error {
 	}
 	epoch := streamEpoch(requests.CachedInfo().Created)
 	w.requestsEpoch.Store(&epoch)
-	if w.cons == nil {
+	if w.requests == nil {
 		w.requests, w.gate = requests, gate{kv: kv, js: w.opt.JS, bucket: w.opt.Topology.RunsBucket}
 	}
 	w.cons, w.batchCons = cons, batchCons
@@ -318,8 +342,15 @@ func (w *Worker) requestRepair(err error) {
 	}
 }
 
-// topologyGone reports whether the shared consumer or its stream no longer exists.
+// topologyGone reports whether the request stream (or, without fair share, the shared
+// consumer) no longer exists.
 func (w *Worker) topologyGone(ctx context.Context) bool {
+	if w.fair != nil {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := w.opt.JS.Stream(ctx, w.opt.Topology.RequestsStream)
+		return errors.Is(err, jetstream.ErrStreamNotFound)
+	}
 	return topology.ConsumerGone(ctx, w.opt.JS, w.opt.Topology.RequestsStream, w.opt.Topology.WorkerConsumer)
 }
 
@@ -363,6 +394,10 @@ func (w *Worker) Run(ctx context.Context) error {
 				w.stats.inFlight.Add(-1)
 				if d.batch {
 					w.batchInFlight.Add(-1)
+					select {
+					case w.batchFreed <- struct{}{}:
+					default:
+					}
 				}
 				<-slots
 			}
@@ -381,6 +416,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	// The streams' room and the callers' quotas are known before the first pull.
 	w.refreshStorage(ctx)
 	dead.Go(func() { w.watchFleet(ctx, w.cfg.StatusInterval) })
+	if w.fair != nil {
+		sub, err := w.followArrivals()
+		if err != nil {
+			// Discovery still finds every flow, a status interval later.
+			w.log.Error().Err(err).Msg("cannot follow the streams' arrivals; new callers are found by discovery alone")
+		} else {
+			defer func() { _ = sub.Unsubscribe() }()
+		}
+		dead.Go(func() { w.discoverFlows(ctx) })
+	}
 	if stop, err := w.startService(); err != nil {
 		// Health and capabilities over NATS are for operators; decisions do not need them.
 		w.log.Error().Err(err).Msg("cannot register the micro service; sys1 status will not see this replica")
@@ -488,9 +533,21 @@ type delivery struct {
 // FetchWait) for interactive requests, so an idle replica picks up a burst at once and looks
 // at batch work again right after. It returns how many slots it used.
 func (w *Worker) pull(ctx context.Context, n int, maxBatch int64, work chan<- delivery) (int, error) {
+	if w.fair != nil {
+		return w.pullFair(ctx, n, maxBatch, work)
+	}
+	if _, paused := w.pauses.Paused(topology.LaneInteractive); paused {
+		return w.pullPausedShared(ctx, n, maxBatch, work)
+	}
 	used, err := w.fetchNoWait(ctx, w.cons, n, false, work)
 	if err != nil {
 		return used, err
+	}
+	if _, paused := w.pauses.Paused(topology.LaneBatch); paused {
+		if used > 0 {
+			return used, nil
+		}
+		return w.fetchWait(ctx, w.cons, n, w.opt.FetchWait, work)
 	}
 	if allowance := min(int64(n-used), maxBatch-w.batchInFlight.Load()); allowance > 0 {
 		b, err := w.fetchNoWait(ctx, w.batchCons, int(allowance), true, work)
@@ -509,6 +566,27 @@ func (w *Worker) pull(ctx context.Context, n int, maxBatch int64, work chan<- de
 		wait = min(wait, batchRecheck)
 	}
 	return w.fetchWait(ctx, w.cons, n, wait, work)
+}
+
+// pullPausedShared is pull while the interactive lane is paused, without fair share: batch
+// requests only (unless paused too), and otherwise a wait for the pause to change.
+func (w *Worker) pullPausedShared(ctx context.Context, n int, maxBatch int64, work chan<- delivery) (int, error) {
+	if _, paused := w.pauses.Paused(topology.LaneBatch); !paused {
+		if allowance := min(int64(n), maxBatch-w.batchInFlight.Load()); allowance > 0 {
+			if used, err := w.fetchNoWait(ctx, w.batchCons, int(allowance), true, work); used > 0 || err != nil {
+				return used, err
+			}
+		}
+	}
+	idle := time.NewTimer(min(w.opt.FetchWait, w.cfg.StatusInterval))
+	defer idle.Stop()
+	select {
+	case <-w.pauses.Changed():
+	case <-w.batchFreed:
+	case <-idle.C:
+	case <-ctx.Done():
+	}
+	return 0, nil
 }
 
 // batchRecheck is how long an idle pull waits for interactive work while batch items are in
@@ -548,22 +626,29 @@ func (w *Worker) take(ctx context.Context, mb jetstream.MessageBatch, err error,
 	}
 	used := 0
 	for msg := range mb.Messages() {
-		if ctx.Err() != nil {
-			// Pulled after SIGTERM: hand it straight back for another replica.
-			_ = msg.Nak()
-			continue
+		if w.hand(ctx, msg, batch, work) {
+			used++
 		}
-		used++
-		w.stats.inFlight.Add(1)
-		if batch {
-			w.batchInFlight.Add(1)
-		}
-		work <- delivery{msg: msg, batch: batch} // never blocks: a runner per slot, a slot per message
 	}
 	if err := mb.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
 		return used, fmt.Errorf("fetch: %w", err)
 	}
 	return used, nil
+}
+
+// hand gives a pulled message to the runners (a slot is reserved for it), or, pulled after
+// SIGTERM, straight back for another replica; it reports whether the runners took it.
+func (w *Worker) hand(ctx context.Context, msg jetstream.Msg, batch bool, work chan<- delivery) bool {
+	if ctx.Err() != nil {
+		_ = msg.Nak()
+		return false
+	}
+	w.stats.inFlight.Add(1)
+	if batch {
+		w.batchInFlight.Add(1)
+	}
+	work <- delivery{msg: msg, batch: batch} // never blocks: a runner per slot, a slot per message
+	return true
 }
 
 // stats are the replica's live counters (see Stats).

@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caarlos0/env/v11"
@@ -145,12 +146,17 @@ func (c *LogConfig) Validate() []error {
 	return nil
 }
 
+// setTimeFormat sets zerolog's process-wide time format once: components started together in
+// one process (the tests run a worker, a sink and a review page side by side) must not write
+// the global while another's log line reads it.
+var setTimeFormat = sync.OnceFunc(func() { zerolog.TimeFieldFormat = time.RFC3339Nano })
+
 // newLogger returns the JSON logger on w (stderr in production) at the configured level.
 func newLogger(w io.Writer, cfg LogConfig, component string) zerolog.Logger {
 	lvl, err := zerolog.ParseLevel(strings.ToLower(cfg.Level))
 	if err != nil {
 		lvl = zerolog.InfoLevel
 	}
-	zerolog.TimeFieldFormat = time.RFC3339Nano
+	setTimeFormat()
 	return zerolog.New(w).Level(lvl).With().Timestamp().Str("component", component).Logger()
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/worker"
+	"github.com/sys1hq/sys1/worker/natsconn"
+	"github.com/sys1hq/sys1/worker/pause"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -23,17 +25,17 @@ func init() {
 
 const pauseUsage = `usage: sys1 pause [--for 10m | --until RFC3339] [--reason TEXT] [--batch]
 
-Pauses the shared consumers (sys1-worker and sys1-worker-batch), so every replica stops
-receiving at once (JetStream consumer pause, nats-server 2.11+). Runs in flight finish;
-queued requests wait in the stream, nothing is lost; after the pause a request whose
+Pauses the fleet: every replica stops taking interactive and batch requests at once (the
+pause is an entry of the KV bucket sys1-fleet, which every replica follows). Runs in flight
+finish; queued requests wait in the stream, nothing is lost; after the pause a request whose
 Sys1-Deadline passed is answered SYS1_EXPIRED as usual. Without --for or --until the pause
 lasts until sys1 resume. --batch pauses batch requests only. Health says "paused" on every
-replica within SYS1_STATUS_INTERVAL (1s).
+replica at once.
 `
 
 const resumeUsage = `usage: sys1 resume [--batch]
 
-Ends a pause at once (both consumers, or with --batch the batch consumer only).
+Ends a pause at once (interactive and batch requests, or with --batch batch requests only).
 `
 
 func runPause(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -85,19 +87,21 @@ func runPause(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return code
 	}
 	defer conn.Close()
-	for _, name := range pausedConsumers(topo, *batchOnly) {
-		err := topology.Pause(ctx, conn.JS, topo.RequestsStream, name, end, *reason)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) && name == topo.BatchConsumer {
-			continue // no batch consumer yet: nothing to pause
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "sys1 pause: %s\n", consumerAPIError(conn.NC, err, "pause"))
+	kv, err := fleetBucket(ctx, conn, topo)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 pause: %s\n", fleetAPIError(conn.NC, err, "pause"))
+		return exitFailed
+	}
+	state := pause.State{Until: end, Reason: *reason, At: now.UTC()}
+	for _, lane := range pausedLanes(*batchOnly) {
+		if err := pause.Set(ctx, kv, lane, state); err != nil {
+			fmt.Fprintf(stderr, "sys1 pause: %s\n", fleetAPIError(conn.NC, err, "pause"))
 			return exitFailed
 		}
 		if *forD == 0 && *until == "" {
-			fmt.Fprintf(stdout, "paused %s until sys1 resume\n", name)
+			fmt.Fprintf(stdout, "paused %s requests until sys1 resume\n", lane)
 		} else {
-			fmt.Fprintf(stdout, "paused %s until %s\n", name, end.UTC().Format(time.RFC3339))
+			fmt.Fprintf(stdout, "paused %s requests until %s\n", lane, end.UTC().Format(time.RFC3339))
 		}
 	}
 	return exitOK
@@ -123,40 +127,78 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return code
 	}
 	defer conn.Close()
-	for _, name := range pausedConsumers(topo, *batchOnly) {
-		err := topology.Resume(ctx, conn.JS, topo.RequestsStream, name)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) && name == topo.BatchConsumer {
-			continue
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "sys1 resume: %s\n", consumerAPIError(conn.NC, err, "resume"))
+	kv, err := fleetBucket(ctx, conn, topo)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 resume: %s\n", fleetAPIError(conn.NC, err, "resume"))
+		return exitFailed
+	}
+	for _, lane := range pausedLanes(*batchOnly) {
+		if err := pause.Clear(ctx, kv, lane); err != nil {
+			fmt.Fprintf(stderr, "sys1 resume: %s\n", fleetAPIError(conn.NC, err, "resume"))
 			return exitFailed
 		}
-		fmt.Fprintf(stdout, "resumed %s\n", name)
+		fmt.Fprintf(stdout, "resumed %s requests\n", lane)
 	}
 	return exitOK
 }
 
-func pausedConsumers(topo topology.Config, batchOnly bool) []string {
+func pausedLanes(batchOnly bool) []topology.Lane {
 	if batchOnly {
-		return []string{topo.BatchConsumer}
+		return []topology.Lane{topology.LaneBatch}
 	}
-	return []string{topo.WorkerConsumer, topo.BatchConsumer}
+	return pause.Lanes
 }
 
-// consumerAPIError says why pausing or resuming a consumer failed, in an operator's words. A
-// NATS user without the permission gets no answer at all — the server refuses the request
-// with an asynchronous "Permissions Violation" and the call times out — so the connection's
-// last error is what tells a refusal from a server too old for consumer pause (2.11+, which
-// leaves the pause request unanswered: no responders).
-func consumerAPIError(nc *nats.Conn, err error, what string) string {
+// fleetBucket opens the fleet's bucket (KV sys1-fleet), creating it when no worker has yet.
+func fleetBucket(ctx context.Context, conn *natsconn.Conn, topo topology.Config) (jetstream.KeyValue, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	kv, err := conn.JS.KeyValue(ctx, topo.FleetBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = topology.EnsureKeyValue(ctx, conn.JS, topo.FleetBucketConfig())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fleet bucket %s: %w", topo.FleetBucket, err)
+	}
+	return kv, nil
+}
+
+// readPauses is every lane's pause now (none when the bucket does not exist yet).
+func readPauses(ctx context.Context, conn *natsconn.Conn, topo topology.Config) (map[topology.Lane]pause.State, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	kv, err := conn.JS.KeyValue(ctx, topo.FleetBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fleet bucket %s: %w", topo.FleetBucket, err)
+	}
+	return pause.Read(ctx, kv)
+}
+
+// describedPause is a lane's pause as health and sys1 status --json show it.
+func describedPause(s pause.State) *worker.PauseState {
+	p := &worker.PauseState{Reason: s.Reason, Since: s.At.UTC().Format(time.RFC3339)}
+	if !s.Open() {
+		until := s.Until.UTC()
+		p.Until = &until
+	}
+	return p
+}
+
+// fleetAPIError says why pausing or resuming failed, in an operator's words. A NATS user
+// without the permission gets no answer at all — the server refuses the request with an
+// asynchronous "Permissions Violation" and the call times out — so the connection's last error
+// is what tells a refusal from a server that is not answering.
+func fleetAPIError(nc *nats.Conn, err error, what string) string {
 	_ = nc.FlushTimeout(time.Second) // the refusal, if any, arrives before the flush's answer
-	if last := nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), "$JS.API.") {
-		return fmt.Sprintf("permission denied: this NATS user may not %s the shared consumers (%v); sys1 pause and sys1 resume need an operator's NATS user, allowed $JS.API.CONSUMER.INFO, $JS.API.CONSUMER.UPDATE and $JS.API.CONSUMER.PAUSE on %s (README, Security)",
-			what, last, topology.Default().RequestsStream)
+	if last := nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) && (strings.Contains(last.Error(), "$JS.API.") || strings.Contains(last.Error(), "$KV.")) {
+		return fmt.Sprintf("permission denied: this NATS user may not %s the fleet (%v); sys1 pause and sys1 resume need an operator's NATS user, allowed to read and write the KV bucket %s ($KV.%s.>, $JS.API.STREAM.INFO.KV_%s; README, Security)",
+			what, last, topology.Default().FleetBucket, topology.Default().FleetBucket, topology.Default().FleetBucket)
 	}
 	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {
-		return fmt.Sprintf("%v (nothing answered: consumer pause needs nats-server 2.11 or later)", err)
+		return fmt.Sprintf("%v (nothing answered: is JetStream enabled on this NATS server, and the fleet bucket's leader up?)", err)
 	}
 	return err.Error()
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
-// TestPauseWithoutPermissionSaysSo: a NATS user that may not manage the consumers (a
-// producer's) is told that it lacks the permission — not that the server might be too old.
+// TestPauseWithoutPermissionSaysSo: a NATS user that may not switch the fleet (a producer's)
+// is told that it lacks the permission — not that the server might be too old.
 func TestPauseWithoutPermissionSaysSo(t *testing.T) {
 	srv := natstest.Start(t, func(o *server.Options) {
 		o.Users = []*server.User{{Username: "admin", Password: "admin-pw"}, {Username: "svc-a", Password: "svc-a-pw", Permissions: &server.Permissions{
@@ -26,7 +26,7 @@ func TestPauseWithoutPermissionSaysSo(t *testing.T) {
 	if _, err := topology.Ensure(ctx, js, topology.Default()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := topology.EnsureWorkerConsumer(ctx, js, topology.Default()); err != nil {
+	if _, err := topology.EnsureKeyValue(ctx, js, topology.Default().FleetBucketConfig()); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("SYS1_NATS_URL", srv.ClientURL())

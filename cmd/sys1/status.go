@@ -89,26 +89,28 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		st.Replicas = append(st.Replicas, h)
 	}
 	sort.Slice(st.Replicas, func(i, j int) bool { return st.Replicas[i].Replica < st.Replicas[j].Replica })
-	// The queues as JetStream sees them now, not as the replicas last read them.
-	for _, name := range []string{topo.WorkerConsumer, topo.BatchConsumer} {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		cs := worker.ConsumerState{Name: name}
-		cons, err := conn.JS.Consumer(cctx, topo.RequestsStream, name)
-		cancel()
-		if err != nil {
-			if name == topo.BatchConsumer {
-				continue // no batch consumer yet: nothing to show
-			}
-			cs.Error = err.Error()
-		} else {
-			info := cons.CachedInfo()
-			cs.Pending, cs.AckPending, cs.Redelivery = info.NumPending, info.NumAckPending, info.NumRedelivered
-			cs.Paused = worker.PauseOf(info)
+	// The queues and pauses as JetStream sees them now, not as the replicas last read them.
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	st.Consumers, _ = worker.QueueState(qctx, conn.JS, topo) // an error is said in the entries
+	cancel()
+	pauses, err := readPauses(ctx, conn, topo)
+	if err != nil {
+		fmt.Fprintf(stderr, "sys1 status: %v\n", err)
+	}
+	for i, c := range st.Consumers {
+		lane := topology.Lane(c.Lane)
+		switch c.Name {
+		case topo.WorkerConsumer:
+			lane = topology.LaneInteractive
+		case topo.BatchConsumer:
+			lane = topology.LaneBatch
 		}
-		if name == topo.WorkerConsumer {
-			st.Paused = cs.Paused
+		if p, ok := pauses[lane]; ok {
+			st.Consumers[i].Paused = describedPause(p)
 		}
-		st.Consumers = append(st.Consumers, cs)
+	}
+	if p, ok := pauses[topology.LaneInteractive]; ok {
+		st.Paused = describedPause(p)
 	}
 	if uses, err := callerUses(ctx, conn, topo, *wait); err != nil {
 		fmt.Fprintf(stderr, "sys1 status: caller limits: %v\n", err)
@@ -210,13 +212,17 @@ func printStatus(out io.Writer, st fleetStatus) {
 	printFull(out, st.Replicas)
 	fmt.Fprintln(out)
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tPENDING\tACK PENDING\tREDELIVERED\tPAUSED")
+	fmt.Fprintln(tw, "CONSUMER\tCALLERS\tPENDING\tACK PENDING\tREDELIVERED\tPAUSED")
 	for _, c := range st.Consumers {
+		callers := "-"
+		if c.Lane != "" {
+			callers = strconv.Itoa(c.Callers)
+		}
 		if c.Error != "" {
-			fmt.Fprintf(tw, "%s\t?\t?\t?\t%s\n", c.Name, c.Error)
+			fmt.Fprintf(tw, "%s\t?\t?\t?\t?\t%s\n", c.Name, c.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", c.Name, c.Pending, c.AckPending, c.Redelivery, describePause(c.Paused))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", c.Name, callers, c.Pending, c.AckPending, c.Redelivery, describePause(c.Paused))
 	}
 	_ = tw.Flush()
 	if len(st.Callers) == 0 {

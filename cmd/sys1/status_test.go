@@ -75,7 +75,7 @@ func TestStatusPauseResume(t *testing.T) {
 		return code == exitOK && strings.Contains(out, "cli-replica") && strings.Contains(out, "ok")
 	})
 	code, out, errOut := runCmd(t, "pause", "--for", "10m", "--reason", "deploying nimble 2")
-	if code != exitOK || !strings.Contains(out, "paused sys1-worker until") {
+	if code != exitOK || !strings.Contains(out, "paused interactive requests until") {
 		t.Fatalf("pause: %d %s %s", code, out, errOut)
 	}
 	var st fleetStatus
@@ -93,7 +93,7 @@ func TestStatusPauseResume(t *testing.T) {
 	if !strings.Contains(out, "deploying nimble 2") || !strings.Contains(out, "sys1-worker") {
 		t.Errorf("status text:\n%s", out)
 	}
-	if code, out, errOut := runCmd(t, "resume"); code != exitOK || !strings.Contains(out, "resumed sys1-worker") {
+	if code, out, errOut := runCmd(t, "resume"); code != exitOK || !strings.Contains(out, "resumed interactive requests") {
 		t.Fatalf("resume: %d %s %s", code, out, errOut)
 	}
 	natstest.WaitFor(t, 10*time.Second, "the replica to say ok again", func() bool {

@@ -33,6 +33,20 @@ type Rule struct {
 	Cache time.Duration
 	// CacheOff forbids the cache to the caller, even when a request asks for it.
 	CacheOff bool
+
+	// Weight is the caller's share of the fleet's slots when callers compete for them
+	// (worker/fair: weighted round robin; a caller of weight 3 gets three requests started
+	// for every one of a caller of weight 1). 0 means the default, 1.
+	Weight int
+}
+
+// Weight is caller's fair-share weight: the first matching rule's, 1 when none matches or
+// the rule gives none. The nil *Limits weighs everyone 1.
+func (l *Limits) Weight(caller string) int {
+	if r, ok := l.Match(caller); ok && r.Weight > 0 {
+		return r.Weight
+	}
+	return 1
 }
 
 // Limited reports whether the rule limits anything the budget counts.
@@ -90,11 +104,12 @@ const (
 	maxTokensPerDay       = 1_000_000_000_000_000
 	maxUSDPerDay          = 1_000_000_000
 	maxInFlight           = 10_000
+	maxWeight             = 1000
 	minCache              = time.Second // JetStream's per-message TTL is whole seconds
 	maxCache              = 365 * 24 * time.Hour
 )
 
-const ruleFields = "caller, name, decisions_per_minute, input_tokens_per_day, usd_per_day, in_flight, cache"
+const ruleFields = "caller, name, decisions_per_minute, input_tokens_per_day, usd_per_day, in_flight, cache, weight"
 
 // ParseLimits parses a limits file:
 //
@@ -107,6 +122,7 @@ const ruleFields = "caller, name, decisions_per_minute, input_tokens_per_day, us
 //	    input_tokens_per_day: 2000000
 //	    in_flight: 8
 //	    cache: 24h                # the exact cache, answers up to a day old (off: never)
+//	    weight: 3                 # fair share: three slots for every one of a weight-1 caller
 //	  - caller: "*"
 //	    decisions_per_minute: 60
 //
@@ -243,6 +259,12 @@ func parseRule(v *yaml.Node, p string, probs *problems) (Rule, bool) {
 				bad(fv, field, "%s USD is more than the most a budget may be (%d)", fv.Value, maxUSDPerDay)
 			default:
 				r.USDPerDay = f
+			}
+		case "weight":
+			if n, good := wholeIn(fv, maxWeight); good {
+				r.Weight = int(n)
+			} else {
+				bad(fv, field, "%s", wholeProblem(fv, maxWeight, "shares"))
 			}
 		case "cache":
 			d, off, msg := parseCache(fv)

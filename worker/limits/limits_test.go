@@ -156,7 +156,7 @@ limits: {}
 		`line 5: rules[0].input_tokens_per_day: must be a whole number of tokens, got 1.5`,
 		`line 6: rules[0].in_flight: must be a whole number of calls, got "many"`,
 		`line 7: rules[0].cache: must be a duration like 24h or 90m (units h, m, s), or off, got "1 day"`,
-		`line 8: rules[0].burst: unknown field (allowed: caller, name, decisions_per_minute, input_tokens_per_day, usd_per_day, in_flight, cache)`,
+		`line 8: rules[0].burst: unknown field (allowed: caller, name, decisions_per_minute, input_tokens_per_day, usd_per_day, in_flight, cache, weight)`,
 		`line 9: rules[1].caller: required`,
 		`line 10: rules[2].caller: "b\\" ends in a lone \`,
 		`line 11: rules[2].cache: must be at least 1s (write off for no cache), got 500ms`,
@@ -271,5 +271,38 @@ func TestLoadLimitsReloadsAndKeepsLastGood(t *testing.T) {
 	pf, err := LoadPrices(pp)
 	if err != nil || pf.Current().Len() != 4 {
 		t.Fatalf("LoadPrices: %v", err)
+	}
+}
+
+func TestWeightsAreTheFirstMatchingRules(t *testing.T) {
+	l, err := ParseLimits([]byte(`rules:
+  - caller: billing
+    weight: 3
+    usd_per_day: 5
+  - caller: "team-*"
+    in_flight: 2
+  - caller: "*"
+    weight: 2
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for caller, want := range map[string]int{"billing": 3, "team-a": 1, "anyone": 2} {
+		if got := l.Weight(caller); got != want {
+			t.Errorf("Weight(%q) = %d, want %d", caller, got, want)
+		}
+	}
+	if r, _ := l.Match("anyone"); r.Limited() {
+		t.Errorf("a rule with only a weight limits nothing the budget counts: %+v", r)
+	}
+	var none *Limits
+	if none.Weight("x") != 1 {
+		t.Errorf("no limits file: weight %d, want 1", none.Weight("x"))
+	}
+	for _, bad := range []string{"0", "-1", "1.5", "1001", "heavy"} {
+		_, err := ParseLimits([]byte("rules:\n  - caller: a\n    weight: " + bad + "\n"))
+		if err == nil || !strings.Contains(err.Error(), "rules[0].weight") {
+			t.Errorf("weight %s: %v, want an error naming rules[0].weight", bad, err)
+		}
 	}
 }

@@ -58,6 +58,9 @@ type SelfOptions struct {
 	// SyncInterval is the servers' JetStream sync_interval (natsconn.ParseSyncInterval):
 	// "always" (every write on disk before its ack, as shipped) by default, or a duration.
 	SyncInterval string
+	// ArrivalOrder runs the replicas without fair share (SYS1_FAIR_SHARE=off): every lane
+	// read through one shared consumer, in arrival order, as before fair share.
+	ArrivalOrder bool
 	// Logger receives the workers' and the server's warnings.
 	Logger zerolog.Logger
 }
@@ -138,6 +141,7 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 
 	topo := topology.Default()
 	topo.Replicas = len(s.nodes)
+	topo.FairShare = !o.ArrivalOrder
 	// The shared consumer's MaxAckPending caps every replica together.
 	topo.MaxAckPending = max(topo.MaxAckPending, 2*o.Replicas*o.Concurrency)
 	// Auth mode none warns that it is for development; in a benchmark that is the point.
@@ -245,8 +249,10 @@ func (s *Self) ensureTopology(ctx context.Context, topo topology.Config) error {
 	if _, err := topology.Ensure(ctx, js, topo); err != nil {
 		return err
 	}
-	if _, err := topology.EnsureWorkerConsumer(ctx, js, topo); err != nil {
-		return err
+	if !topo.FairShare {
+		if _, err := topology.EnsureWorkerConsumer(ctx, js, topo); err != nil {
+			return err
+		}
 	}
 	return nil
 }

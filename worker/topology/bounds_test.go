@@ -26,7 +26,7 @@ func TestEveryStreamAndBucketHasAByteLimit(t *testing.T) {
 	if _, err := topology.Ensure(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
-	for _, kc := range []jetstream.KeyValueConfig{cfg.ReviewBucketConfig(), cfg.CalibrationBucketConfig(), cfg.CacheBucketConfig(time.Hour), cfg.LimitsBucketConfig()} {
+	for _, kc := range []jetstream.KeyValueConfig{cfg.ReviewBucketConfig(), cfg.CalibrationBucketConfig(), cfg.CacheBucketConfig(time.Hour), cfg.LimitsBucketConfig(), cfg.FleetBucketConfig()} {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
 			t.Fatalf("bucket %s: %v", kc.Bucket, err)
 		}
@@ -41,7 +41,7 @@ func TestEveryStreamAndBucketHasAByteLimit(t *testing.T) {
 		"SYS1_DEAD_LETTERS": {64 * topology.MiB, jetstream.DiscardNew},
 		"KV_sys1-runs":      {4 * topology.GiB, jetstream.DiscardNew}, "KV_sys1-review": {256 * topology.MiB, jetstream.DiscardNew},
 		"KV_sys1-calibration": {64 * topology.MiB, jetstream.DiscardNew}, "KV_sys1-cache": {256 * topology.MiB, jetstream.DiscardNew},
-		"KV_sys1-limits": {256 * topology.MiB, jetstream.DiscardNew},
+		"KV_sys1-limits": {256 * topology.MiB, jetstream.DiscardNew}, "KV_sys1-fleet": {1 * topology.MiB, jetstream.DiscardNew},
 	}
 	vars := cfg.StreamVariables()
 	seen := 0
@@ -68,7 +68,7 @@ func TestEveryStreamAndBucketHasAByteLimit(t *testing.T) {
 		t.Errorf("%d streams, want %d", seen, len(want))
 	}
 	file, mem := cfg.StorageBudget()
-	if file != 23*topology.GiB+704*topology.MiB || mem != 256*topology.MiB {
+	if file != 23*topology.GiB+705*topology.MiB || mem != 256*topology.MiB {
 		t.Errorf("budget %s of files and %s of memory: README's Storage budget says 23.7 GiB and 256 MiB", file, mem)
 	}
 }

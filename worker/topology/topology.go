@@ -76,6 +76,9 @@ type Config struct {
 	// ReviewSessionsBucket holds the review page's sessions (sys1 review); the workers only
 	// read its size.
 	ReviewSessionsBucket string `env:"SYS1_REVIEW_SESSIONS_BUCKET" envDefault:"sys1-review-sessions"`
+	// FleetBucket holds what an operator switches for the whole fleet at run time: the
+	// lanes' pauses (sys1 pause, worker/pause).
+	FleetBucket string `env:"SYS1_FLEET_BUCKET" envDefault:"sys1-fleet"`
 	// DeadLetterStream keeps JetStream's max-deliveries advisories for the request consumers,
 	// so a request that ran out of deliveries is answered by a worker (DeadLetterConsumer)
 	// even when no worker was listening at that moment.
@@ -132,6 +135,7 @@ type Config struct {
 	CacheMaxBytes            Bytes `env:"SYS1_CACHE_BUCKET_MAX_BYTES" envDefault:"256MiB"`
 	LimitsMaxBytes           Bytes `env:"SYS1_LIMITS_BUCKET_MAX_BYTES" envDefault:"256MiB"`
 	ReviewSessionsMaxBytes   Bytes `env:"SYS1_REVIEW_SESSIONS_MAX_BYTES" envDefault:"64MiB"`
+	FleetMaxBytes            Bytes `env:"SYS1_FLEET_BUCKET_MAX_BYTES" envDefault:"1MiB"`
 
 	// Per-caller quotas, so that no caller takes the shared budget. JetStream enforces each
 	// at publish time on the caller's subject (a per-subject limit that refuses new messages):
@@ -144,6 +148,17 @@ type Config struct {
 	// RejectedLabelsMaxAge is how long a rejected label submission is kept on SYS1_LABELS
 	// for the sink's dead-letter table (as long as run records wait for the sink).
 	RejectedLabelsMaxAge time.Duration `env:"SYS1_LABELS_REJECTED_MAX_AGE" envDefault:"168h"`
+
+	// FairShare reads each flow (a caller's requests, a batch, a caller's label submissions)
+	// through a consumer of its own and shares every replica's slots between callers by
+	// weighted round robin (worker/fair); off, the lanes' shared consumers deliver in arrival
+	// order. Every replica of a fleet must run the same way: each removes the other way's
+	// consumers at start-up.
+	FairShare bool `env:"SYS1_FAIR_SHARE" envDefault:"true"`
+	// FlowInactiveThreshold is how long a flow's consumer may go without a pull (and without
+	// a message in hand) before JetStream removes it; it is created again with the flow's
+	// next message.
+	FlowInactiveThreshold time.Duration `env:"SYS1_FLOW_INACTIVE_THRESHOLD" envDefault:"10m"`
 }
 
 // Validate reports every bad variable.
@@ -160,7 +175,7 @@ func (c *Config) Validate() []error {
 		{"SYS1_CALIBRATION_BUCKET", c.CalibrationBucket}, {"SYS1_CACHE_BUCKET", c.CacheBucket},
 		{"SYS1_LIMITS_BUCKET", c.LimitsBucket}, {"SYS1_DEAD_LETTER_STREAM", c.DeadLetterStream},
 		{"SYS1_DEAD_LETTER_CONSUMER", c.DeadLetterConsumer}, {"SYS1_HOLDS_CONSUMER", c.HoldsConsumer},
-		{"SYS1_REVIEW_SESSIONS_BUCKET", c.ReviewSessionsBucket},
+		{"SYS1_REVIEW_SESSIONS_BUCKET", c.ReviewSessionsBucket}, {"SYS1_FLEET_BUCKET", c.FleetBucket},
 	} {
 		if !validName(f.v) {
 			errs = append(errs, fmt.Errorf("%s: %q is not a valid JetStream name (letters, digits, - and _ only)", f.name, f.v))
@@ -205,6 +220,9 @@ func (c *Config) Validate() []error {
 			errs = append(errs, fmt.Errorf("%s: must be at least 1, got %d", q.name, q.v))
 		}
 	}
+	if c.FlowInactiveThreshold < time.Second {
+		errs = append(errs, fmt.Errorf("SYS1_FLOW_INACTIVE_THRESHOLD: must be at least 1s, got %s", c.FlowInactiveThreshold))
+	}
 	if c.RejectedLabelsMaxAge <= 0 {
 		errs = append(errs, fmt.Errorf("SYS1_LABELS_REJECTED_MAX_AGE: must be a positive duration, got %s", c.RejectedLabelsMaxAge))
 	} else if c.LabelsMaxAge > 0 && c.RejectedLabelsMaxAge > c.LabelsMaxAge {
@@ -230,7 +248,7 @@ func (c Config) byteLimits() []byteLimit {
 		{"SYS1_DEAD_LETTERS_MAX_BYTES", c.DeadLettersMaxBytes, MiB}, {"SYS1_RUNS_BUCKET_MAX_BYTES", c.RunsBucketMaxBytes, msg},
 		{"SYS1_REVIEW_BUCKET_MAX_BYTES", c.ReviewBucketMaxBytes, MiB}, {"SYS1_CALIBRATION_BUCKET_MAX_BYTES", c.CalibrationMaxBytes, MiB},
 		{"SYS1_CACHE_BUCKET_MAX_BYTES", c.CacheMaxBytes, msg}, {"SYS1_LIMITS_BUCKET_MAX_BYTES", c.LimitsMaxBytes, MiB},
-		{"SYS1_REVIEW_SESSIONS_MAX_BYTES", c.ReviewSessionsMaxBytes, MiB},
+		{"SYS1_REVIEW_SESSIONS_MAX_BYTES", c.ReviewSessionsMaxBytes, MiB}, {"SYS1_FLEET_BUCKET_MAX_BYTES", c.FleetMaxBytes, MiB},
 	}
 }
 
@@ -257,7 +275,7 @@ func (c Config) StreamVariables() map[string]string {
 		c.DeadLetterStream: "SYS1_DEAD_LETTERS_MAX_BYTES", KVStream(c.RunsBucket): "SYS1_RUNS_BUCKET_MAX_BYTES",
 		KVStream(c.ReviewBucket): "SYS1_REVIEW_BUCKET_MAX_BYTES", KVStream(c.CalibrationBucket): "SYS1_CALIBRATION_BUCKET_MAX_BYTES",
 		KVStream(c.CacheBucket): "SYS1_CACHE_BUCKET_MAX_BYTES", KVStream(c.LimitsBucket): "SYS1_LIMITS_BUCKET_MAX_BYTES",
-		KVStream(c.ReviewSessionsBucket): "SYS1_REVIEW_SESSIONS_MAX_BYTES",
+		KVStream(c.ReviewSessionsBucket): "SYS1_REVIEW_SESSIONS_MAX_BYTES", KVStream(c.FleetBucket): "SYS1_FLEET_BUCKET_MAX_BYTES",
 	}
 }
 
@@ -296,6 +314,7 @@ func Default() Config {
 		CacheMaxBytes: 256 * MiB, LimitsMaxBytes: 256 * MiB,
 		ReviewSessionsBucket: "sys1-review-sessions", ReviewSessionsMaxBytes: 64 * MiB,
 		RequestsPerCaller: 10000, ReviewPerCaller: 5000, LabelsPerCaller: 5000, RejectedLabelsMaxAge: 7 * 24 * time.Hour,
+		FairShare: true, FlowInactiveThreshold: 10 * time.Minute, FleetBucket: "sys1-fleet", FleetMaxBytes: 1 * MiB,
 	}
 }
 
@@ -321,6 +340,7 @@ func (c Config) RequestsStreamConfig() jetstream.StreamConfig {
 		Discard:              jetstream.DiscardNew,
 		MaxMsgsPerSubject:    int64(c.RequestsPerCaller),
 		DiscardNewPerSubject: true,
+		RePublish:            arrivals(),
 	}
 }
 
@@ -427,7 +447,14 @@ func (c Config) LabelSubmissionsStreamConfig() jetstream.StreamConfig {
 		Discard:              jetstream.DiscardNew,
 		MaxMsgsPerSubject:    int64(c.LabelsPerCaller),
 		DiscardNewPerSubject: true,
+		RePublish:            arrivals(),
 	}
+}
+
+// arrivals republishes the headers of each stored message on sys1.arrivals.<subject>
+// (ArrivalsPrefix): a hint that wakes idle replicas, never the queue itself.
+func arrivals() *jetstream.RePublish {
+	return &jetstream.RePublish{Source: ">", Destination: ArrivalsSubjects, HeadersOnly: true}
 }
 
 // DeadLetterStreamConfig is SYS1_DEAD_LETTERS: JetStream's max-deliveries advisories of the
@@ -624,6 +651,16 @@ func (c Config) LimitsBucketConfig() jetstream.KeyValueConfig {
 	}
 }
 
+// FleetBucketConfig holds the fleet's run-time switches (the lanes' pauses): a few small
+// entries that last until changed.
+func (c Config) FleetBucketConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket: c.FleetBucket, Description: "sys1 fleet switches (sys1 pause)",
+		History: 1, Storage: jetstream.FileStorage, Replicas: c.Replicas,
+		MaxBytes: int64(c.FleetMaxBytes),
+	}
+}
+
 // RecreateSettle is how long a stream, bucket or consumer must have been missing before a
 // worker or sink recreates it. The wait is not caution for its own sake: a stream recreated
 // within milliseconds of its deletion (a pull sees "consumer deleted" at once) can come up
@@ -740,6 +777,9 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.Stre
 		want.MaxMsgsPerSubject, want.DiscardNewPerSubject = sc.MaxMsgsPerSubject, sc.DiscardNewPerSubject
 	}
 	want.AllowMsgTTL = want.AllowMsgTTL || sc.AllowMsgTTL // JetStream cannot turn it off again
+	if sc.RePublish != nil { // streams without one leave the setting to the operator
+		want.RePublish = sc.RePublish
+	}
 	if keep := perSubjectFloor(ctx, existing, have, sc); keep > 0 && keep > want.MaxMsgsPerSubject {
 		o.log.Warn().Str("stream", sc.Name).Int64("limit", sc.MaxMsgsPerSubject).Int64("kept", keep).
 			Msg("a subject holds more messages than its new per-caller quota, and lowering the limit under them would delete the oldest; the limit stays at what it holds until the next start after it has drained")
@@ -833,6 +873,9 @@ func streamChanges(have, want jetstream.StreamConfig) []string {
 	if have.AllowMsgTTL != want.AllowMsgTTL {
 		add("allow_msg_ttl", have.AllowMsgTTL, want.AllowMsgTTL)
 	}
+	if !equalRePublish(have.RePublish, want.RePublish) {
+		add("republish", describeRePublish(have.RePublish), describeRePublish(want.RePublish))
+	}
 	return out
 }
 
@@ -866,66 +909,10 @@ func ensureRequestConsumer(ctx context.Context, js jetstream.JetStream, stream s
 	return cons, nil
 }
 
-// Pause metadata: a paused consumer's metadata says why and who paused it (JetStream keeps
-// only the time).
-const (
-	PauseMetadataPrefix = "sys1.pause."
-	PauseReasonKey      = PauseMetadataPrefix + "reason"
-	PausedAtKey         = PauseMetadataPrefix + "at"
-)
-
-// Pause pauses a request consumer until the given time (JetStream consumer pause, nats-server
-// 2.11+): no replica receives anything from it meanwhile; what is queued waits in the stream.
-func Pause(ctx context.Context, js jetstream.JetStream, stream, consumer string, until time.Time, reason string) error {
-	cons, err := js.Consumer(ctx, stream, consumer)
-	if err != nil {
-		return fmt.Errorf("consumer %s on %s: %w", consumer, stream, err)
-	}
-	cfg := cons.CachedInfo().Config
-	meta := map[string]string{}
-	for k, v := range cfg.Metadata {
-		if !strings.HasPrefix(k, PauseMetadataPrefix) && !strings.HasPrefix(k, "_nats.") {
-			meta[k] = v
-		}
-	}
-	if reason != "" {
-		meta[PauseReasonKey] = reason
-	}
-	meta[PausedAtKey] = time.Now().UTC().Format(time.RFC3339)
-	cfg.Metadata = meta
-	// The reason goes in the metadata first; the pause itself is the pause API's (an update
-	// cannot pause a consumer that exists).
-	if _, err := js.UpdateConsumer(ctx, stream, cfg); err != nil {
-		return fmt.Errorf("pause consumer %s on %s: record the reason: %w", consumer, stream, err)
-	}
-	if _, err := js.PauseConsumer(ctx, stream, consumer, until); err != nil {
-		return fmt.Errorf("pause consumer %s on %s: %w", consumer, stream, err)
-	}
-	return nil
-}
-
-// Resume ends a consumer's pause at once and clears its reason.
-func Resume(ctx context.Context, js jetstream.JetStream, stream, consumer string) error {
-	cons, err := js.Consumer(ctx, stream, consumer)
-	if err != nil {
-		return fmt.Errorf("consumer %s on %s: %w", consumer, stream, err)
-	}
-	cfg := cons.CachedInfo().Config
-	meta := map[string]string{}
-	for k, v := range cfg.Metadata {
-		if !strings.HasPrefix(k, PauseMetadataPrefix) && !strings.HasPrefix(k, "_nats.") {
-			meta[k] = v
-		}
-	}
-	if _, err := js.ResumeConsumer(ctx, stream, consumer); err != nil {
-		return fmt.Errorf("resume consumer %s on %s: %w", consumer, stream, err)
-	}
-	cfg.Metadata, cfg.PauseUntil = meta, nil
-	if _, err := js.UpdateConsumer(ctx, stream, cfg); err != nil {
-		return fmt.Errorf("resume consumer %s on %s: clear the reason: %w", consumer, stream, err)
-	}
-	return nil
-}
+// PauseMetadataPrefix starts the metadata keys a paused consumer's pause is described by
+// (earlier versions paused the shared consumers themselves; an operator may still pause one
+// with nats consumer pause). ensureRequestConsumer keeps them with the pause.
+const PauseMetadataPrefix = "sys1.pause."
 
 // EnsureDeadLetterConsumer creates or updates the workers' consumer of dead letters.
 func EnsureDeadLetterConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
@@ -1051,4 +1038,18 @@ func LeaderGet(ctx context.Context, js jetstream.JetStream, bucket, key string) 
 		}
 	}
 	return resp.Message.Data, resp.Message.Seq, true, nil
+}
+
+func equalRePublish(a, b *jetstream.RePublish) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+func describeRePublish(r *jetstream.RePublish) string {
+	if r == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%s → %s (headers only: %t)", r.Source, r.Destination, r.HeadersOnly)
 }

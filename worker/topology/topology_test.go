@@ -198,43 +198,38 @@ func TestEnsureKeepsOperatorSettingsAndLogsWhatItChanges(t *testing.T) {
 	}
 }
 
-// TestPauseSurvivesEnsureAndResumeClearsIt: a replica starting while the fleet is paused must
-// not resume it; resume ends the pause and its reason.
-func TestPauseSurvivesEnsureAndResumeClearsIt(t *testing.T) {
+// TestEnsureKeepsAnOperatorsConsumerPause: a shared consumer an operator paused with nats
+// consumer pause stays paused, with its reason, when a replica starts and ensures it.
+func TestEnsureKeepsAnOperatorsConsumerPause(t *testing.T) {
 	js := jetStream(t)
 	ctx := context.Background()
 	cfg := topology.Default()
+	cfg.FairShare = false
 	if _, err := topology.Ensure(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := topology.EnsureWorkerConsumer(ctx, js, cfg); err != nil {
+	cons, err := topology.EnsureWorkerConsumer(ctx, js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := cons.CachedInfo().Config
+	cc.Metadata = map[string]string{topology.PauseMetadataPrefix + "reason": "maintenance"}
+	if _, err := js.UpdateConsumer(ctx, cfg.RequestsStream, cc); err != nil {
 		t.Fatal(err)
 	}
 	until := time.Now().Add(time.Hour)
-	if err := topology.Pause(ctx, js, cfg.RequestsStream, cfg.WorkerConsumer, until, "maintenance"); err != nil {
+	if _, err := js.PauseConsumer(ctx, cfg.RequestsStream, cfg.WorkerConsumer, until); err != nil {
 		t.Fatal(err)
-	}
-	info := func() *jetstream.ConsumerInfo {
-		c, err := js.Consumer(ctx, cfg.RequestsStream, cfg.WorkerConsumer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c.CachedInfo()
-	}
-	if i := info(); !i.Paused || i.Config.Metadata[topology.PauseReasonKey] != "maintenance" {
-		t.Fatalf("not paused: %+v", i)
 	}
 	if _, err := topology.EnsureWorkerConsumer(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
-	if i := info(); !i.Paused || i.Config.Metadata[topology.PauseReasonKey] != "maintenance" || !i.Config.PauseUntil.Equal(until.UTC().Truncate(0)) && i.Config.PauseUntil.Sub(until).Abs() > time.Second {
-		t.Fatalf("ensure resumed the fleet: %+v", i)
-	}
-	if err := topology.Resume(ctx, js, cfg.RequestsStream, cfg.WorkerConsumer); err != nil {
+	c, err := js.Consumer(ctx, cfg.RequestsStream, cfg.WorkerConsumer)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if i := info(); i.Paused || i.Config.Metadata[topology.PauseReasonKey] != "" {
-		t.Fatalf("still paused: %+v", i)
+	if i := c.CachedInfo(); !i.Paused || i.Config.Metadata[topology.PauseMetadataPrefix+"reason"] != "maintenance" || i.Config.PauseUntil.Sub(until).Abs() > time.Second {
+		t.Fatalf("ensure resumed the operator's pause: %+v", i)
 	}
 }
 

@@ -1,0 +1,309 @@
+package fair
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/worker/topology"
+)
+
+// LaneConfig is what a Lane needs.
+type LaneConfig struct {
+	Lane     topology.Lane
+	Topology topology.Config
+	JS       jetstream.JetStream
+	// Weight is a caller's weight (the limits file's weight; 1 when nil or below 1). It is
+	// asked each time a caller's flow becomes active, so a reloaded limits file applies from
+	// the next turn on.
+	Weight func(caller string) int
+	Log    zerolog.Logger
+	// Creators bounds the flow consumers being created at once (0: 4). Creation runs beside
+	// the pull loop, never in it: a thousand new callers at once must not hold up the others.
+	Creators int
+}
+
+// Lane reads one lane (interactive requests, batch requests or label submissions) fairly.
+// Notify, WakeAfter and Discover may be called from any goroutine; Take from one pull loop
+// only.
+type Lane struct {
+	cfg    LaneConfig
+	stream string
+	log    zerolog.Logger
+	sem    chan struct{} // creators
+
+	mu      sync.Mutex
+	arrived map[string]topology.Flow // flows to activate, from any of the three ways
+	ready   chan struct{}
+	counts  map[string]uint64 // messages per caller at the last discovery (waiting or in hand)
+	total   uint64
+	// cons are the flows' consumers known to exist; creating marks those being created.
+	cons     map[string]jetstream.Consumer
+	creating map[string]bool
+	lastErr  time.Time // when a creation failure was last logged
+
+	// The pull loop's alone.
+	sched *Scheduler
+	flows map[string]topology.Flow
+}
+
+// NewLane returns a lane that knows of no flow yet.
+func NewLane(cfg LaneConfig) *Lane {
+	if cfg.Creators <= 0 {
+		cfg.Creators = 4
+	}
+	return &Lane{
+		cfg: cfg, stream: cfg.Topology.LaneStream(cfg.Lane),
+		log: cfg.Log.With().Str("lane", string(cfg.Lane)).Logger(),
+		sem: make(chan struct{}, cfg.Creators),
+		arrived: map[string]topology.Flow{}, ready: make(chan struct{}, 1),
+		counts: map[string]uint64{}, cons: map[string]jetstream.Consumer{}, creating: map[string]bool{},
+		sched: NewScheduler(), flows: map[string]topology.Flow{},
+	}
+}
+
+// Ready is signalled when a flow may have become active (an arrival, a retry due, a
+// discovery): the pull loop, idle, then calls Take.
+func (l *Lane) Ready() <-chan struct{} { return l.ready }
+
+func (l *Lane) signal() {
+	select {
+	case l.ready <- struct{}{}:
+	default:
+	}
+}
+
+// Notify says a message of f was stored (an arrival, sys1.arrivals.<subject>). Flows of
+// other lanes are ignored.
+func (l *Lane) Notify(f topology.Flow) {
+	if f.Lane != l.cfg.Lane {
+		return
+	}
+	l.mu.Lock()
+	l.arrived[f.Key()] = f
+	l.mu.Unlock()
+	l.signal()
+}
+
+// WakeAfter activates f once d has passed: a delivery handed back with a delay comes back
+// then, and nothing else would say so.
+func (l *Lane) WakeAfter(f topology.Flow, d time.Duration) {
+	time.AfterFunc(d, func() {
+		l.mu.Lock()
+		l.arrived[f.Key()] = f
+		l.mu.Unlock()
+		l.signal()
+	})
+}
+
+// Discover reads the lane's subject state and activates every flow that holds a message. It
+// finds what arrivals and retries missed: messages a replica that died was holding, an
+// arrival lost in a NATS failover, flows of a replica that just started.
+func (l *Lane) Discover(ctx context.Context, stream jetstream.Stream) error {
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(topology.LaneSubjects(l.cfg.Lane)))
+	if err != nil {
+		return fmt.Errorf("%s lane: read the subjects of %s: %w", l.cfg.Lane, l.stream, err)
+	}
+	l.apply(info.State.Subjects)
+	return nil
+}
+
+// Empty records a discovery that found the stream empty.
+func (l *Lane) Empty() { l.apply(nil) }
+
+func (l *Lane) apply(subjects map[string]uint64) {
+	counts := map[string]uint64{}
+	var total uint64
+	found := 0
+	l.mu.Lock()
+	for subject, n := range subjects {
+		f, ok := topology.FlowOf(subject)
+		if !ok || n == 0 || f.Lane != l.cfg.Lane {
+			continue
+		}
+		counts[f.Caller] += n
+		total += n
+		l.arrived[f.Key()] = f
+		found++
+	}
+	l.counts, l.total = counts, total
+	l.mu.Unlock()
+	if found > 0 {
+		l.signal()
+	}
+}
+
+// Waiting is what the last discovery found: messages (waiting or in hand) per caller, and
+// in all.
+func (l *Lane) Waiting() (perCaller map[string]uint64, total uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]uint64, len(l.counts))
+	for k, v := range l.counts {
+		out[k] = v
+	}
+	return out, l.total
+}
+
+// Active is the number of flows the pull loop will fetch from, and of their callers.
+func (l *Lane) Active() (flows, callers int) { return l.sched.Active() }
+
+// Deliver hands one fetched message to the runners; false means it was not taken (the
+// replica is stopping, and handed it back).
+type Deliver func(jetstream.Msg, topology.Flow) bool
+
+// Take fetches up to n messages, from flows in the Scheduler's order, and hands each to
+// deliver with its flow. It returns how many were taken, and an error only when none was
+// because no flow could be read.
+func (l *Lane) Take(ctx context.Context, n int, deliver Deliver) (int, error) {
+	l.absorb(ctx)
+	used := 0
+	var firstErr error
+	for used < n && ctx.Err() == nil {
+		key, k, ok := l.sched.Next(n - used)
+		if !ok {
+			break
+		}
+		f := l.flows[key]
+		l.mu.Lock()
+		cons := l.cons[key]
+		l.mu.Unlock()
+		if cons == nil { // found gone by an earlier fetch of this Take: created again first
+			l.sched.Took(key, 0, true)
+			delete(l.flows, key)
+			continue
+		}
+		got, exhausted, err := l.fetch(ctx, cons, f, k, deliver)
+		if err != nil {
+			exhausted = true
+			if firstErr == nil {
+				firstErr = err
+			}
+			if gone(err) {
+				// Removed for idleness (or by an operator) between our pulls: created again
+				// with the flow's next activation.
+				l.mu.Lock()
+				delete(l.cons, key)
+				l.arrived[key] = f
+				l.mu.Unlock()
+			}
+		}
+		l.sched.Took(key, got, exhausted)
+		if exhausted {
+			delete(l.flows, key)
+		}
+		used += got
+	}
+	if used > 0 {
+		return used, nil
+	}
+	return 0, firstErr
+}
+
+// fetch takes up to k messages of one flow that are there now.
+func (l *Lane) fetch(ctx context.Context, cons jetstream.Consumer, f topology.Flow, k int, deliver Deliver) (got int, exhausted bool, err error) {
+	mb, err := cons.FetchNoWait(k)
+	if err != nil {
+		return 0, true, fmt.Errorf("%s lane: fetch from %s: %w", l.cfg.Lane, l.cfg.Topology.FlowConsumer(f), err)
+	}
+	var last jetstream.Msg
+	n := 0
+	for m := range mb.Messages() {
+		n++
+		last = m
+		if deliver(m, f) {
+			got++
+		}
+	}
+	if err := mb.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+		return got, true, fmt.Errorf("%s lane: fetch from %s: %w", l.cfg.Lane, l.cfg.Topology.FlowConsumer(f), err)
+	}
+	if n < k {
+		return got, true, nil
+	}
+	// Every message carries how many more the consumer has waiting: none, and the flow is
+	// idle now without another round trip to find out.
+	if meta, err := last.Metadata(); err == nil && meta.NumPending == 0 {
+		return got, true, nil
+	}
+	return got, false, nil
+}
+
+// absorb moves the flows found active since the last Take into the scheduler; those whose
+// consumer is not known to exist yet are created in the background first.
+func (l *Lane) absorb(ctx context.Context) {
+	l.mu.Lock()
+	if len(l.arrived) == 0 {
+		l.mu.Unlock()
+		return
+	}
+	arrived := l.arrived
+	l.arrived = map[string]topology.Flow{}
+	var create []topology.Flow
+	var ready []topology.Flow
+	for key, f := range arrived {
+		switch {
+		case l.cons[key] != nil:
+			ready = append(ready, f)
+		case !l.creating[key]:
+			l.creating[key] = true
+			create = append(create, f)
+		}
+	}
+	l.mu.Unlock()
+	for _, f := range ready {
+		l.flows[f.Key()] = f
+		l.sched.Activate(f.Caller, f.Key(), l.weight(f.Caller))
+	}
+	for _, f := range create {
+		go l.create(context.WithoutCancel(ctx), f)
+	}
+}
+
+func (l *Lane) weight(caller string) int {
+	if l.cfg.Weight == nil {
+		return 1
+	}
+	return max(l.cfg.Weight(caller), 1)
+}
+
+// create makes a flow's consumer (or finds it made by another replica) and then activates
+// the flow.
+func (l *Lane) create(ctx context.Context, f topology.Flow) {
+	l.sem <- struct{}{}
+	defer func() { <-l.sem }()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cfg := l.cfg.Topology.FlowConsumerConfig(f)
+	cons, err := l.cfg.JS.CreateOrUpdateConsumer(ctx, l.stream, cfg)
+	l.mu.Lock()
+	delete(l.creating, f.Key())
+	if err != nil {
+		logIt := time.Since(l.lastErr) > 10*time.Second
+		if logIt {
+			l.lastErr = time.Now()
+		}
+		l.mu.Unlock()
+		if logIt {
+			l.log.Warn().Err(err).Str("consumer", cfg.Durable).Str("caller", f.Caller).
+				Msg("cannot create a flow's consumer; its messages wait in the stream and are tried again at the next discovery")
+		}
+		return
+	}
+	l.cons[f.Key()] = cons
+	l.arrived[f.Key()] = f
+	l.mu.Unlock()
+	l.signal()
+}
+
+// gone reports whether err says the consumer (or its stream) no longer exists.
+func gone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
+}
