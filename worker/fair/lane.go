@@ -60,8 +60,8 @@ func NewLane(cfg LaneConfig) *Lane {
 	}
 	return &Lane{
 		cfg: cfg, stream: cfg.Topology.LaneStream(cfg.Lane),
-		log: cfg.Log.With().Str("lane", string(cfg.Lane)).Logger(),
-		sem: make(chan struct{}, cfg.Creators),
+		log:     cfg.Log.With().Str("lane", string(cfg.Lane)).Logger(),
+		sem:     make(chan struct{}, cfg.Creators),
 		arrived: map[string]topology.Flow{}, ready: make(chan struct{}, 1),
 		counts: map[string]uint64{}, cons: map[string]jetstream.Consumer{}, creating: map[string]bool{},
 		sched: NewScheduler(), flows: map[string]topology.Flow{},

@@ -777,7 +777,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.Stre
 		want.MaxMsgsPerSubject, want.DiscardNewPerSubject = sc.MaxMsgsPerSubject, sc.DiscardNewPerSubject
 	}
 	want.AllowMsgTTL = want.AllowMsgTTL || sc.AllowMsgTTL // JetStream cannot turn it off again
-	if sc.RePublish != nil { // streams without one leave the setting to the operator
+	if sc.RePublish != nil {                              // streams without one leave the setting to the operator
 		want.RePublish = sc.RePublish
 	}
 	if keep := perSubjectFloor(ctx, existing, have, sc); keep > 0 && keep > want.MaxMsgsPerSubject {
