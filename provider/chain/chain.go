@@ -403,7 +403,10 @@ func (c *Chain) call(ctx context.Context, l *link, req *contract.Request, sent s
 // what changed. A model's failure is the provider's only when models keep failing on it
 // (spread); otherwise the provider answered, which is all its breaker asks.
 func (c *Chain) recordCall(l *link, sent string, adm callAdmission, f fault, err error) {
-	cause, _ := contract.AsError(err)
+	var cause *contract.Error
+	if err != nil { // AsError costs an allocation; a success needs no cause
+		cause, _ = contract.AsError(err)
+	}
 	routeV, providerV := neutral, neutral
 	switch f {
 	case answered:
