@@ -29,9 +29,10 @@
 //     SYS1_TIMEOUT; SYS1_PROVIDER_BUSY) open the provider's circuit, every route with it, as
 //     does the failing of Config.ProviderModels distinct models with no good answer between.
 //
-// When no provider answered, Evaluate returns the last transient error (so the worker
-// redelivers) or, when there was none, the last error; when no provider was called at all,
-// the most specific reason: an open route's own code, a remembered absence, or an open
+// When no provider answered, Evaluate returns the last transient error of a call (so the
+// worker redelivers), else the reason a provider was skipped when that is transient (it may
+// answer a redelivery), else the last error. The reason for a skip is the most specific
+// one: an open route's own code, a remembered absence (SYS1_MODEL_UNAVAILABLE), or an open
 // provider (SYS1_PROVIDER_UNAVAILABLE).
 package chain
 
@@ -298,14 +299,16 @@ func (c *Chain) Evaluate(ctx context.Context, req *contract.Request, delivery in
 				Str("next_provider", next).Msg("provider failed; falling back to the next one")
 		}
 	}
+	refusedErr := refused.err()
 	switch {
 	case lastTransient != nil:
 		return res, lastTransient
+	case refusedErr != nil && refusedErr.Transient():
+		return res, refusedErr // a provider skipped now may answer a redelivery
 	case last != nil:
 		return res, last
-	}
-	if err := refused.err(); err != nil {
-		return res, err
+	case refusedErr != nil:
+		return res, refusedErr
 	}
 	return res, contract.Errorf(contract.CodeNotConfigured, "no provider of the chain serves model %q: each has a model map without it", req.Model)
 }

@@ -53,8 +53,10 @@ func (r *refusal) routeClosed(providerName, model string, a admission) string {
 	return "circuit open for this model"
 }
 
+// note keeps the more specific reason; of two as specific, a transient one (a redelivery may
+// find that provider again), else the later.
 func (r *refusal) note(rank int, e *contract.Error, reopensIn time.Duration) {
-	if rank >= r.rank {
+	if rank > r.rank || rank == r.rank && (e == nil || e.Transient() || !r.best.Transient()) {
 		r.rank, r.best = rank, e
 	}
 	if reopensIn > 0 && (r.reopensIn == 0 || reopensIn < r.reopensIn) {
@@ -63,7 +65,7 @@ func (r *refusal) note(rank int, e *contract.Error, reopensIn time.Duration) {
 }
 
 // err is the request's error, nil when nothing was refused.
-func (r *refusal) err() error {
+func (r *refusal) err() *contract.Error {
 	if r.rank == 0 {
 		return nil
 	}

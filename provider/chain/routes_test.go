@@ -399,3 +399,31 @@ func TestHealthListsRoutes(t *testing.T) {
 		t.Fatalf("describe %+v", d)
 	}
 }
+
+// A request whose first provider is skipped for its open route and whose second fails for
+// good (its configuration) gets the route's transient code, not the permanent one: a
+// redelivery can reach the first provider once the route's trial is due. Of two routes
+// skipped, the transient one's code wins too.
+func TestASkippedRouteKeepsTheRequestRetriable(t *testing.T) {
+	first := &scripted{name: "first", fn: func(context.Context, *contract.Request) (*contract.Response, error) {
+		return nil, contract.Errorf(contract.CodeUpstreamError, "first failed (HTTP 500)")
+	}}
+	second := &scripted{name: "second"}
+	second.fn = func(ctx context.Context, req *contract.Request) (*contract.Response, error) {
+		if second.calls.Load() == 1 {
+			return answer(ctx, req)
+		}
+		return nil, contract.Errorf(contract.CodeNotConfigured, "second refused the API key (HTTP 401)")
+	}
+	c := newChain(t, chain.Config{Clock: newClock(), BreakerFailures: 1}, chain.Link{Provider: first}, chain.Link{Provider: second})
+	if res, e := evaluate(t, c, "nimble"); e != nil || res.Provider != "second" {
+		t.Fatalf("first fails, second answers: %v", e)
+	}
+	for _, want := range []string{"first/nimble:skipped second/nimble:unavailable", "first/nimble:skipped second/nimble:skipped"} {
+		res, e := evaluate(t, c, "nimble")
+		if e == nil || e.Code != contract.CodeUpstreamError || !e.Transient() || !strings.Contains(e.Message, `circuit open for model "nimble" on first`) ||
+			outcomes(res.Attempts) != want {
+			t.Fatalf("first skipped: %v, %s; want %s", e, outcomes(res.Attempts), want)
+		}
+	}
+}
