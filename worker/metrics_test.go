@@ -98,6 +98,10 @@ func TestMetricsAreValidExpositionAndDocumented(t *testing.T) {
 		{"sys1_worker_provider_concurrency_limit", map[string]string{"provider": "ollama"}, 4},
 		{"sys1_worker_provider_in_flight", map[string]string{"provider": "ollama"}, 0},
 		{"sys1_worker_provider_in_flight_peak", nil, 1},
+		{"sys1_worker_provider_routes", map[string]string{"provider": "ollama", "state": "closed"}, 1},
+		{"sys1_worker_provider_routes", map[string]string{"provider": "ollama", "state": "open"}, 0},
+		{"sys1_worker_provider_routes", map[string]string{"provider": "ollama", "state": "half_open"}, 0},
+		{"sys1_worker_provider_routes", map[string]string{"provider": "ollama", "state": "absent"}, 0},
 		{"sys1_worker_paused", nil, 0},
 		{"sys1_worker_replays_total", nil, 0},
 	} {

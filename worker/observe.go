@@ -79,7 +79,9 @@ func (w *Worker) instrument() error {
 			h := w.chain.Health()
 			out := make([]metrics.ProviderState, len(h.Providers))
 			for i, p := range h.Providers {
-				out[i] = metrics.ProviderState{Name: p.Name, Limit: p.Limit, InFlight: p.InFlight, Up: p.OK}
+				rc := p.Routes.Counts
+				out[i] = metrics.ProviderState{Name: p.Name, Limit: p.Limit, InFlight: p.InFlight, Up: p.OK,
+					Routes: metrics.RouteCounts{Closed: rc.Closed, Open: rc.Open, HalfOpen: rc.HalfOpen, Absent: rc.Absent}}
 			}
 			return out
 		},

@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/budget"
 	"github.com/sys1hq/sys1/worker/limits"
@@ -200,7 +201,7 @@ func printStatus(out io.Writer, st fleetStatus) {
 			if p.Breaker != "" && p.Breaker != "closed" {
 				state += "/" + string(p.Breaker)
 			}
-			provs = append(provs, p.Name+" "+state)
+			provs = append(provs, p.Name+" "+state+routesNotClosed(p.Routes.Counts))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", h.Replica, h.Status, h.Version, strings.Join(provs, ", "),
 			h.InFlight.Messages, h.InFlight.ProviderCalls, h.Totals.Runs, h.Totals.ProviderCalls)
@@ -278,4 +279,22 @@ func describePause(p *worker.PauseState) string {
 		s += " (" + p.Reason + ")"
 	}
 	return s
+}
+
+// routesNotClosed says how many of a provider's routes (models on it) are not closed, e.g.
+// " (routes: 1 open, 2 absent)"; "" when all are closed. sys1.svc.health names them.
+func routesNotClosed(c chain.RouteCounts) string {
+	var parts []string
+	for _, n := range []struct {
+		count int
+		state string
+	}{{c.Open, "open"}, {c.HalfOpen, "half-open"}, {c.Absent, "absent"}} {
+		if n.count > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n.count, n.state))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (routes: " + strings.Join(parts, ", ") + ")"
 }

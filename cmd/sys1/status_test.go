@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
@@ -301,6 +302,19 @@ func TestStatusNamesFullStreams(t *testing.T) {
 	printStatus(&out, fleetStatus{Replicas: []worker.Health{{Replica: "a", Status: worker.HealthDegraded, Full: []string{"SYS1_REVIEW"},
 		Storage: []worker.StreamUsage{{Name: "SYS1_REVIEW", Bytes: 10, MaxBytes: 10, Full: true, Variable: "SYS1_REVIEW_MAX_BYTES"}}}}})
 	if !strings.Contains(out.String(), "FULL, refusing new messages: SYS1_REVIEW (raise SYS1_REVIEW_MAX_BYTES)") {
+		t.Errorf("status:\n%s", out.String())
+	}
+}
+
+// TestStatusCountsRoutesNotClosed: a provider whose routes (models on it) are open or absent
+// says how many beside its state; one with every route closed says nothing more.
+func TestStatusCountsRoutesNotClosed(t *testing.T) {
+	var out bytes.Buffer
+	printStatus(&out, fleetStatus{Replicas: []worker.Health{{Replica: "a", Status: worker.HealthOK, Providers: []chain.LinkHealth{
+		{Name: "ollama", OK: true, Breaker: chain.BreakerClosed, Routes: chain.RouteSummary{Counts: chain.RouteCounts{Closed: 7, Open: 1, Absent: 2}}},
+		{Name: "systemone", OK: true, Breaker: chain.BreakerClosed, Routes: chain.RouteSummary{Counts: chain.RouteCounts{Closed: 3}}},
+	}}}})
+	if !strings.Contains(out.String(), "ollama up (routes: 1 open, 2 absent), systemone up ") {
 		t.Errorf("status:\n%s", out.String())
 	}
 }

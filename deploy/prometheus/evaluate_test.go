@@ -24,14 +24,13 @@ import (
 	"github.com/sys1hq/sys1/worker/review"
 )
 
-// pendingMetrics are families pinned for changes in flight (issue 21: route state). The rules
-// use them already and their unit tests cover them; here, until a component defines them,
-// their names and labels are these, and an expression reading them may evaluate to nothing.
-// Once defined (metrics.WorkerFamilies) the definitions apply, and once this load produces
-// samples of them every check does. (Issue 22's stream bytes and quota refusals are defined.)
-var pendingMetrics = map[string][]string{
-	"sys1_worker_provider_routes": {"provider", "state", "worker"},
-}
+// pendingMetrics are families pinned for changes in flight: the rules use them already and
+// their unit tests cover them; here, until a component defines them, their names and labels
+// are these, and an expression reading them may evaluate to nothing. Once defined
+// (metrics.WorkerFamilies) the definitions apply, and once this load produces samples of them
+// every check does. None is pending now: issue 21's route state (sys1_worker_provider_routes)
+// and issue 22's stream bytes and quota refusals are defined.
+var pendingMetrics = map[string][]string{}
 
 // targetLabels are the labels Prometheus adds to every scraped series.
 var targetLabels = []string{"job", "instance"}

@@ -9,16 +9,31 @@
 // Errors from providers are sorted three ways:
 //
 //   - transient (SYS1_PROVIDER_UNAVAILABLE, _BUSY, _TIMEOUT, _MODEL_UNAVAILABLE,
-//     SYS1_UPSTREAM_ERROR incl. malformed answers): the next provider is tried, and the error
-//     counts against the provider's circuit breaker;
+//     SYS1_UPSTREAM_ERROR incl. malformed answers): the next provider is tried;
 //   - the provider's own configuration fault (SYS1_NOT_CONFIGURED: a refused API key, a
 //     redirecting base URL): the next provider is tried too (another provider can answer the
-//     same request), and it counts against the breaker, but no redelivery will fix it;
+//     same request), but no redelivery will fix it;
 //   - anything else (SYS1_INVALID_REQUEST, SYS1_REQUEST_TOO_LARGE, …: the request itself) stops
 //     the chain: every provider would refuse it.
 //
-// When no provider answered, Evaluate returns the last transient error (so the worker
-// redelivers) or, when there was none, the last error.
+// Circuit breakers work at two levels (issue 21), so that one caller's broken model cannot
+// take the provider from everyone else. A route is a provider × the model sent to it:
+//
+//   - a model's own failures (SYS1_UPSTREAM_ERROR: a 5xx for it, a malformed answer; and
+//     SYS1_NOT_CONFIGURED answers) open its route only; requests for it then fail at once
+//     with the code of the failures that opened it;
+//   - a 404 (SYS1_MODEL_UNAVAILABLE) means the provider does not have the model: the next
+//     provider is tried, and the absence is remembered for Config.AbsenceTTL, then asked
+//     again. It never counts against anything;
+//   - the provider's own failures (SYS1_PROVIDER_UNAVAILABLE: refused, reset, DNS, TLS;
+//     SYS1_TIMEOUT; SYS1_PROVIDER_BUSY) open the provider's circuit, every route with it, as
+//     does the failing of Config.ProviderModels distinct models with no good answer between.
+//
+// When no provider answered, Evaluate returns the last transient error of a call (so the
+// worker redelivers), else the reason a provider was skipped when that is transient (it may
+// answer a redelivery), else the last error. The reason for a skip is the most specific
+// one: an open route's own code, a remembered absence (SYS1_MODEL_UNAVAILABLE), or an open
+// provider (SYS1_PROVIDER_UNAVAILABLE).
 package chain
 
 import (
@@ -49,6 +64,9 @@ const (
 const (
 	DefaultBreakerFailures = 5
 	DefaultBreakerCooldown = 30 * time.Second
+	DefaultAbsenceTTL      = 30 * time.Second
+	DefaultProviderModels  = 3
+	DefaultMaxRoutes       = 1024
 	// DefaultLimit is a link's concurrency when it has no Limiter.
 	DefaultLimit = 16
 )
@@ -80,12 +98,22 @@ func (realClock) Now() time.Time { return time.Now() }
 
 // Config is the chain's behaviour.
 type Config struct {
-	// BreakerFailures is how many consecutive failures open a link's circuit; 0 means
-	// DefaultBreakerFailures.
+	// BreakerFailures is how many consecutive failures open a circuit: a provider's (its own
+	// failures) or a route's (one model's failures on it); 0 means DefaultBreakerFailures.
 	BreakerFailures int
-	// BreakerCooldown is how long an open circuit skips its link before one trial call; 0
-	// means DefaultBreakerCooldown.
+	// BreakerCooldown is how long an open circuit skips its provider or route before one
+	// trial call; 0 means DefaultBreakerCooldown.
 	BreakerCooldown time.Duration
+	// AbsenceTTL is how long a provider's "model not found" (404) is remembered: requests
+	// for the model skip that provider meanwhile, then one call asks again; 0 means
+	// DefaultAbsenceTTL.
+	AbsenceTTL time.Duration
+	// ProviderModels is how many distinct models failing on one provider with no good
+	// answer in between open the provider's circuit; 0 means DefaultProviderModels.
+	ProviderModels int
+	// MaxRoutes bounds each provider's route breakers (requests name arbitrary models); past
+	// it the least recently used closed route is forgotten; 0 means DefaultMaxRoutes.
+	MaxRoutes int
 	// ProbeTimeout bounds one probe of one link; 0 means 10 s.
 	ProbeTimeout time.Duration
 	// Clock drives the breakers; nil is the wall clock.
@@ -97,12 +125,15 @@ type Config struct {
 
 // Chain is the ordered provider chain. It is safe for concurrent use.
 type Chain struct {
-	links        []*link
-	failures     int
-	cooldown     time.Duration
-	probeTimeout time.Duration
-	clock        Clock
-	log          zerolog.Logger
+	links          []*link
+	failures       int
+	cooldown       time.Duration
+	absenceTTL     time.Duration
+	providerModels int
+	maxRoutes      int
+	probeTimeout   time.Duration
+	clock          Clock
+	log            zerolog.Logger
 }
 
 type link struct {
@@ -112,24 +143,40 @@ type link struct {
 	models   ModelMap
 	limiter  limit.Limiter
 	settings map[string]string
-	breaker  *breaker
-	health   healthCell
+	// breaker is the provider's own circuit; routes the circuit of each model sent to it;
+	// spread the models failing on it since its last good answer.
+	breaker *breaker
+	routes  *routeTable
+	spread  *spread
+	health  healthCell
 }
 
 // New builds a chain of at least one link.
 func New(cfg Config, links ...Link) (*Chain, error) {
 	c := &Chain{
-		failures:     cfg.BreakerFailures,
-		cooldown:     cfg.BreakerCooldown,
-		probeTimeout: cfg.ProbeTimeout,
-		clock:        cfg.Clock,
-		log:          cfg.Logger.With().Str("subsystem", "provider-chain").Logger(),
+		failures:       cfg.BreakerFailures,
+		cooldown:       cfg.BreakerCooldown,
+		absenceTTL:     cfg.AbsenceTTL,
+		providerModels: cfg.ProviderModels,
+		maxRoutes:      cfg.MaxRoutes,
+		probeTimeout:   cfg.ProbeTimeout,
+		clock:          cfg.Clock,
+		log:            cfg.Logger.With().Str("subsystem", "provider-chain").Logger(),
 	}
 	if c.failures <= 0 {
 		c.failures = DefaultBreakerFailures
 	}
 	if c.cooldown <= 0 {
 		c.cooldown = DefaultBreakerCooldown
+	}
+	if c.absenceTTL <= 0 {
+		c.absenceTTL = DefaultAbsenceTTL
+	}
+	if c.providerModels <= 0 {
+		c.providerModels = DefaultProviderModels
+	}
+	if c.maxRoutes <= 0 {
+		c.maxRoutes = DefaultMaxRoutes
 	}
 	if c.probeTimeout <= 0 {
 		c.probeTimeout = 10 * time.Second
@@ -173,7 +220,9 @@ func New(cfg Config, links ...Link) (*Chain, error) {
 			settings[k] = v
 		}
 		nl := &link{name: name, role: role, provider: l.Provider, models: l.Models, limiter: lim, settings: settings,
-			breaker: newBreaker(c.failures, c.cooldown)}
+			breaker: newBreaker(c.failures, c.cooldown, 0),
+			routes:  newRouteTable(c.maxRoutes, func() *breaker { return newBreaker(c.failures, c.cooldown, c.absenceTTL) }),
+			spread:  newSpread(c.providerModels)}
 		nl.health.init(nl.name, nl.role)
 		c.links = append(c.links, nl)
 	}
@@ -208,8 +257,7 @@ func (c *Chain) Evaluate(ctx context.Context, req *contract.Request, delivery in
 		return res, contract.Errorf(contract.CodeInternal, "provider chain: Evaluate called without a request")
 	}
 	var lastTransient, last error
-	var reopensIn time.Duration
-	circuitOpen := false
+	var refused refusal
 	for i, l := range c.links {
 		sent, serves := l.models.Route(req.Model)
 		if !serves {
@@ -217,16 +265,20 @@ func (c *Chain) Evaluate(ctx context.Context, req *contract.Request, delivery in
 				fmt.Sprintf("model %q is not in the model map of %s", req.Model, l.name)))
 			continue
 		}
-		adm := l.breaker.allow(c.clock)
-		if !adm.ok {
-			circuitOpen = true
-			if adm.reopensIn > 0 && (reopensIn == 0 || adm.reopensIn < reopensIn) {
-				reopensIn = adm.reopensIn
-			}
+		padm := l.breaker.allow(c.clock)
+		if !padm.ok {
+			refused.providerOpen(req.Model, padm)
 			res.Attempts = append(res.Attempts, skipped(l.name, sent, delivery, "circuit open"))
 			continue
 		}
-		resp, attempt, err := c.call(ctx, l, req, sent, delivery, adm)
+		route := l.routes.get(sent)
+		radm := route.allow(c.clock)
+		if !radm.ok {
+			l.breaker.record(padm, neutral, nil, c.clock) // give a provider trial back unused
+			res.Attempts = append(res.Attempts, skipped(l.name, sent, delivery, refused.routeClosed(l.name, sent, radm)))
+			continue
+		}
+		resp, attempt, err := c.call(ctx, l, req, sent, delivery, callAdmission{provider: padm, route: radm, breaker: route})
 		if attempt != nil {
 			res.Attempts = append(res.Attempts, *attempt)
 		}
@@ -247,15 +299,16 @@ func (c *Chain) Evaluate(ctx context.Context, req *contract.Request, delivery in
 				Str("next_provider", next).Msg("provider failed; falling back to the next one")
 		}
 	}
+	refusedErr := refused.err()
 	switch {
 	case lastTransient != nil:
 		return res, lastTransient
+	case refusedErr != nil && refusedErr.Transient():
+		return res, refusedErr // a provider skipped now may answer a redelivery
 	case last != nil:
 		return res, last
-	case circuitOpen:
-		e := contract.Errorf(contract.CodeProviderUnavailable, "every provider that serves model %q has its circuit open after repeated failures", req.Model)
-		e.RetryAfter = reopensIn
-		return res, e
+	case refusedErr != nil:
+		return res, refusedErr
 	}
 	return res, contract.Errorf(contract.CodeNotConfigured, "no provider of the chain serves model %q: each has a model map without it", req.Model)
 }
@@ -279,16 +332,19 @@ func fallsBack(err error) bool {
 	return e.Transient() || e.Code == contract.CodeNotConfigured
 }
 
+// callAdmission is what let a call through: the provider's breaker and the route's.
+type callAdmission struct {
+	provider, route admission
+	breaker         *breaker // the route's
+}
+
 // call makes one attempt at one link: take a slot of its limiter (within the deadline), call,
-// and report to the limiter and the breaker. The attempt is nil when the provider was not
-// called. Slots and trials are given back even if the provider panics.
-func (c *Chain) call(ctx context.Context, l *link, req *contract.Request, sent string, delivery int, adm admission) (resp *contract.Response, attempt *contract.Attempt, err error) {
-	v := neutral
-	defer func() {
-		if to := l.breaker.record(adm, v, c.clock); to != "" {
-			c.logTransition(l, to)
-		}
-	}()
+// and report to the limiter and the breakers (the route's and the provider's, each what the
+// result says about it: see judge). The attempt is nil when the provider was not called.
+// Slots and trials are given back even if the provider panics.
+func (c *Chain) call(ctx context.Context, l *link, req *contract.Request, sent string, delivery int, adm callAdmission) (resp *contract.Response, attempt *contract.Attempt, err error) {
+	f := saysNothing
+	defer func() { c.recordCall(l, sent, adm, f, err) }()
 	tok, aerr := l.limiter.Acquire(ctx)
 	if aerr != nil {
 		return nil, nil, notCalled(ctx, aerr)
@@ -319,9 +375,9 @@ func (c *Chain) call(ctx context.Context, l *link, req *contract.Request, sent s
 		StartedAt: started.UTC(),
 	}
 	lres = limit.Result{Latency: took, Size: size(r)}
+	f = judge(err)
 	switch e, isContract := contract.AsError(err); {
 	case err == nil:
-		v = healthy
 	case !isContract:
 		if errors.Is(err, context.Canceled) {
 			a.Detail = "cancelled"
@@ -338,16 +394,43 @@ func (c *Chain) call(ctx context.Context, l *link, req *contract.Request, sent s
 		a.ErrorCode, a.Detail = e.Code, e.Message
 		switch {
 		case fallsBack(err):
-			v = failed
 			lres.Dropped = e.Code == contract.CodeProviderBusy || e.Code == contract.CodeTimeout
-		case e.Code == contract.CodeInternal:
-			lres.Ignore = true // a bug says nothing about the provider
 		default:
-			v = healthy // the provider answered: it refused this request
-			lres.Ignore = true
+			lres.Ignore = true // a refused request, or a bug: says nothing of the provider's speed
 		}
 	}
 	return resp, &a, err
+}
+
+// recordCall reports a call's result to the route's breaker and the provider's, and logs
+// what changed. A model's failure is the provider's only when models keep failing on it
+// (spread); otherwise the provider answered, which is all its breaker asks.
+func (c *Chain) recordCall(l *link, sent string, adm callAdmission, f fault, err error) {
+	var cause *contract.Error
+	if err != nil { // AsError costs an allocation; a success needs no cause
+		cause, _ = contract.AsError(err)
+	}
+	routeV, providerV := neutral, neutral
+	switch f {
+	case answered:
+		routeV, providerV = healthy, healthy
+		l.spread.answered()
+	case providerFault:
+		providerV = failed
+	case modelFault:
+		routeV, providerV = failed, healthy
+		if l.spread.fail(sent) {
+			providerV = tripped
+		}
+	case modelMissing:
+		routeV = missing
+	}
+	if to := adm.breaker.record(adm.route, routeV, cause, c.clock); to != "" {
+		c.logRouteTransition(l, sent, to, cause)
+	}
+	if to := l.breaker.record(adm.provider, providerV, cause, c.clock); to != "" {
+		c.logTransition(l, to, providerV == tripped)
+	}
 }
 
 // notCalled is the error of a call that never reached the provider because ctx ended: the
@@ -373,25 +456,48 @@ func skipped(name, model string, delivery int, detail string) contract.Attempt {
 		Delivery: delivery, StartedAt: time.Now().UTC()}
 }
 
-func (c *Chain) logTransition(l *link, to BreakerState) {
-	switch to {
-	case BreakerOpen:
+func (c *Chain) logTransition(l *link, to BreakerState, acrossModels bool) {
+	switch {
+	case to == BreakerOpen && acrossModels:
+		c.log.Warn().Str("provider", l.name).Int("models", c.providerModels).Dur("cooldown", c.cooldown).
+			Msg("circuit opened: calls for several models failed with no good answer between; the provider is skipped until the cool-down has passed, then one trial call decides")
+	case to == BreakerOpen:
 		c.log.Warn().Str("provider", l.name).Int("failures", c.failures).Dur("cooldown", c.cooldown).
 			Msg("circuit opened: the provider is skipped until the cool-down has passed, then one trial call decides")
-	case BreakerClosed:
+	case to == BreakerClosed:
 		c.log.Info().Str("provider", l.name).Msg("circuit closed: the provider answered again")
 	}
 }
 
+func (c *Chain) logRouteTransition(l *link, model string, to BreakerState, cause *contract.Error) {
+	switch to {
+	case BreakerOpen:
+		ev := c.log.Warn().Str("provider", l.name).Str("model", model).Int("failures", c.failures).Dur("cooldown", c.cooldown)
+		if cause != nil {
+			ev = ev.Str("error_code", string(cause.Code))
+		}
+		ev.Msg("route circuit opened: this model is skipped on this provider until the cool-down has passed; other models are unaffected")
+	case BreakerAbsent:
+		c.log.Info().Str("provider", l.name).Str("model", model).Dur("remembered", c.absenceTTL).
+			Msg("model not found on this provider: it is skipped for this model until asked again")
+	case BreakerClosed:
+		c.log.Info().Str("provider", l.name).Str("model", model).Msg("route circuit closed: the model answered again")
+	}
+}
+
 // Routes are the providers that would be tried for model, in order, with the model each
-// would be sent and whether its circuit is open now. The cache stage keys on them.
+// would be sent and whether it would be skipped now. The cache stage keys on them. It never
+// adds a route to a provider's table.
 func (c *Chain) Routes(model string) []Route {
 	var out []Route
 	now := c.clock.Now()
 	for _, l := range c.links {
 		if sent, ok := l.models.Route(model); ok {
-			state, _ := l.breaker.snapshot(now)
-			out = append(out, Route{Provider: l.name, Role: l.role, Model: sent, CircuitOpen: state == BreakerOpen})
+			open := l.breaker.isOpen(now)
+			if r := l.routes.peek(sent); r != nil && !open {
+				open = r.isOpen(now)
+			}
+			out = append(out, Route{Provider: l.name, Role: l.role, Model: sent, CircuitOpen: open})
 		}
 	}
 	return out
@@ -399,9 +505,11 @@ func (c *Chain) Routes(model string) []Route {
 
 // Route is one provider a model would go to.
 type Route struct {
-	Provider    string
-	Role        Role
-	Model       string
+	Provider string
+	Role     Role
+	Model    string
+	// CircuitOpen: a call would skip it now (the provider's circuit or this route's open,
+	// or the model remembered absent).
 	CircuitOpen bool
 }
 

@@ -267,14 +267,33 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
+// routeOf is model's route on the named provider as health lists it; a route health does
+// not list reads closed.
+func routeOf(c *chain.Chain, providerName, model string) chain.RouteHealth {
+	for _, p := range c.Health().Providers {
+		if p.Name != providerName {
+			continue
+		}
+		for _, r := range p.Routes.Listed {
+			if r.Model == model {
+				return r
+			}
+		}
+	}
+	return chain.RouteHealth{Model: model, State: chain.BreakerClosed}
+}
+
+// A model's 5xx opens its route (provider × model) after the threshold, half-opens after the
+// cool-down and closes on a successful trial, with the half-open trial logic of a provider's
+// breaker; the provider's own circuit stays closed throughout.
+func TestARouteBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	local := ollamatest.New(t)
 	clock := newClock()
 	c := newChain(t, chain.Config{BreakerFailures: 3, BreakerCooldown: 30 * time.Second, Clock: clock},
 		chain.Link{Provider: ollamaAt(t, local.URL(), "2000")},
 		chain.Link{Provider: simulator.New(0)},
 	)
-	breaker := func() chain.BreakerState { return c.Health().Providers[0].Breaker }
+	breaker := func() chain.BreakerState { return routeOf(c, "ollama", "nimble").State }
 	local.FailAlways(ollamatest.Status(500))
 	for i := 0; i < 3; i++ {
 		res, err := c.Evaluate(context.Background(), request(t, "nimble"), 1)
@@ -283,10 +302,13 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 		}
 	}
 	if breaker() != chain.BreakerOpen || local.Calls() != 3 {
-		t.Fatalf("after 3 failures: breaker %s, %d calls", breaker(), local.Calls())
+		t.Fatalf("after 3 failures: route %s, %d calls", breaker(), local.Calls())
+	}
+	if p := c.Health().Providers[0]; p.Breaker != chain.BreakerClosed || !(p.Routes.Counts == chain.RouteCounts{Open: 1}) {
+		t.Fatalf("the provider after one model's failures: %+v", p)
 	}
 	res, _ := c.Evaluate(context.Background(), request(t, "nimble"), 1)
-	if got := outcomes(res.Attempts); got != "ollama/nimble:skipped simulator/nimble:ok" || res.Attempts[0].Detail != "circuit open" || local.Calls() != 3 {
+	if got := outcomes(res.Attempts); got != "ollama/nimble:skipped simulator/nimble:ok" || res.Attempts[0].Detail != "circuit open for this model" || local.Calls() != 3 {
 		t.Fatalf("while open: %s (%q), %d calls", got, res.Attempts[0].Detail, local.Calls())
 	}
 
@@ -297,7 +319,7 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	}
 	res, _ = c.Evaluate(context.Background(), request(t, "nimble"), 1)
 	if got := outcomes(res.Attempts); got != "ollama/nimble:error simulator/nimble:ok" || breaker() != chain.BreakerOpen || local.Calls() != 4 {
-		t.Fatalf("failed trial: %s, breaker %s, %d calls", got, breaker(), local.Calls())
+		t.Fatalf("failed trial: %s, route %s, %d calls", got, breaker(), local.Calls())
 	}
 	clock.Advance(29 * time.Second)
 	if res, _ = c.Evaluate(context.Background(), request(t, "nimble"), 1); res.Attempts[0].Outcome != contract.OutcomeSkipped {
@@ -309,7 +331,7 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	local.Heal()
 	res, err := c.Evaluate(context.Background(), request(t, "nimble"), 1)
 	if err != nil || res.Provider != "ollama" || breaker() != chain.BreakerClosed {
-		t.Fatalf("successful trial: %v from %s, breaker %s", err, res.Provider, breaker())
+		t.Fatalf("successful trial: %v from %s, route %s", err, res.Provider, breaker())
 	}
 	// closed means counting from zero: two failures do not open it
 	local.Fail(2, ollamatest.Status(500))
@@ -321,8 +343,8 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	}
 }
 
-// A permanent refusal of one request proves the provider up: it resets the count and does not
-// open the circuit.
+// A permanent refusal of one request proves the model answers: it resets the route's count
+// and does not open it.
 func TestARefusedRequestIsNotABreakerFailure(t *testing.T) {
 	local := ollamatest.New(t)
 	c := newChain(t, chain.Config{BreakerFailures: 2, Clock: newClock()},
@@ -333,8 +355,17 @@ func TestARefusedRequestIsNotABreakerFailure(t *testing.T) {
 	for range 3 {
 		_, _ = c.Evaluate(context.Background(), request(t, "nimble"), 1)
 	}
-	if h := c.Health().Providers[0]; h.Breaker != chain.BreakerClosed || h.Failures != 1 {
-		t.Fatalf("breaker %s with %d failures", h.Breaker, h.Failures)
+	if r := routeOf(c, "ollama", "nimble"); r.State != chain.BreakerClosed {
+		t.Fatalf("route %+v after 500, 400, 500", r)
+	}
+	// the count stood at 1: one more failure reaches the threshold of 2
+	local.Fail(1, ollamatest.Status(500))
+	_, _ = c.Evaluate(context.Background(), request(t, "nimble"), 1)
+	if r := routeOf(c, "ollama", "nimble"); r.State != chain.BreakerOpen || r.Failures != 2 {
+		t.Fatalf("route %+v after one more 500", r)
+	}
+	if h := c.Health().Providers[0]; h.Breaker != chain.BreakerClosed || h.Failures != 0 {
+		t.Fatalf("provider breaker %s with %d failures", h.Breaker, h.Failures)
 	}
 }
 
@@ -598,7 +629,7 @@ func TestHealthStatuses(t *testing.T) {
 		t.Fatalf("recovered: %+v", h)
 	}
 	// an open circuit makes a provider down whatever its probe says
-	local.Fail(1, ollamatest.Status(500))
+	local.Fail(1, ollamatest.Drop())
 	_, _ = c.Evaluate(context.Background(), request(t, "nimble"), 1)
 	if h = c.Health(); h.Status != chain.StatusDegraded || h.Providers[0].Breaker != chain.BreakerOpen || h.Providers[0].OK {
 		t.Fatalf("circuit open: %+v", h.Providers[0])
@@ -643,7 +674,7 @@ func TestNoSecretOrHostInDescribeHealthOrAttempts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newChain(t, chain.Config{BreakerFailures: 1, Logger: log},
+	c := newChain(t, chain.Config{BreakerFailures: 1, Logger: log, Clock: newClock()},
 		chain.Link{Provider: ollamaAt(t, local.URL(), "2000")},
 		chain.Link{Provider: sys, Models: models(t, "nimble=jev-1.13.0,fast=jev-lite"), Settings: map[string]string{"timeout_ms": "30000", "probe_path": "/health"}},
 	)
@@ -668,9 +699,11 @@ func TestNoSecretOrHostInDescribeHealthOrAttempts(t *testing.T) {
 	if !strings.Contains(logs.String(), `"upstream":"`+local.URL()+`"`) || !strings.Contains(logs.String(), "circuit opened") {
 		t.Fatalf("the log lacks the host or the transition: %s", logs.String())
 	}
-	want := `{"providers":[{"name":"ollama","role":"primary","pass_through":true,"models":[],"concurrency":16,"max_options":26,"max_levels":26,"images":true,"known_models":[],"settings":{}},` +
-		`{"name":"systemone","role":"fallback","pass_through":false,"models":[{"requested":"nimble","sent":"jev-1.13.0"},{"requested":"fast","sent":"jev-lite"}],"concurrency":16,"max_options":26,"max_levels":26,"images":true,"known_models":[],"settings":{"probe_path":"/health","timeout_ms":"30000"}}],` +
-		`"breaker":{"failures":1,"cooldown_ms":30000}}`
+	want := `{"providers":[{"name":"ollama","role":"primary","pass_through":true,"models":[],"concurrency":16,"max_options":26,"max_levels":26,"images":true,"known_models":[],"settings":{},` +
+		`"routes":{"counts":{"closed":1,"open":0,"half_open":0,"absent":0},"listed":[],"unlisted":0}},` +
+		`{"name":"systemone","role":"fallback","pass_through":false,"models":[{"requested":"nimble","sent":"jev-1.13.0"},{"requested":"fast","sent":"jev-lite"}],"concurrency":16,"max_options":26,"max_levels":26,"images":true,"known_models":[],"settings":{"probe_path":"/health","timeout_ms":"30000"},` +
+		`"routes":{"counts":{"closed":0,"open":1,"half_open":0,"absent":0},"listed":[{"model":"jev-1.13.0","state":"open","consecutive_failures":1,"last_error_code":"SYS1_UPSTREAM_ERROR","reopens_at":"2027-01-15T08:00:30Z"}],"unlisted":0}}],` +
+		`"breaker":{"failures":1,"cooldown_ms":30000,"absence_ttl_ms":30000,"provider_models":3,"max_routes":1024}}`
 	if string(d) != want {
 		t.Fatalf("Describe:\n got %s\nwant %s", d, want)
 	}

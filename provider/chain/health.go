@@ -23,8 +23,9 @@ type Health struct {
 	Providers []LinkHealth `json:"providers"`
 }
 
-// LinkHealth is one provider's last probe and breaker state. A provider is up when its last
-// probe was healthy and its circuit is not open.
+// LinkHealth is one provider's last probe, its breaker's state and its routes'. A provider
+// is up when its last probe was healthy and its own circuit is not open (an open route is
+// one model's problem, not the provider's).
 type LinkHealth struct {
 	Name string `json:"name"`
 	Role Role   `json:"role"`
@@ -36,9 +37,12 @@ type LinkHealth struct {
 	Detail string `json:"detail"`
 	// Version is what the provider reported, when it does.
 	Version string `json:"version,omitempty"`
-	// Breaker is closed, open or half-open; Failures the consecutive failures counted.
+	// Breaker is the provider's own circuit: closed, open or half-open; Failures the
+	// consecutive provider-level failures counted.
 	Breaker  BreakerState `json:"breaker"`
 	Failures int          `json:"consecutive_failures"`
+	// Routes are the circuits of the models sent to it.
+	Routes RouteSummary `json:"routes"`
 	// InFlight and Limit are the calls running now and the link's concurrency.
 	InFlight int `json:"in_flight"`
 	Limit    int `json:"limit"`
@@ -69,7 +73,9 @@ func (c *Chain) Health() Health {
 	anyUp := false
 	for i, l := range c.links {
 		lh := l.health.get()
-		lh.Breaker, lh.Failures = l.breaker.snapshot(now)
+		snap := l.breaker.snapshot(now)
+		lh.Breaker, lh.Failures = snap.state, snap.failures
+		lh.Routes = l.routeSummary(now)
 		lh.InFlight, lh.Limit = l.limiter.InFlight(), l.limiter.Limit()
 		if lh.Breaker == BreakerOpen {
 			lh.OK = false
@@ -164,10 +170,15 @@ type Description struct {
 	Breaker   BreakerSettings   `json:"breaker"`
 }
 
-// BreakerSettings are the breakers' configuration.
+// BreakerSettings are the breakers' configuration (Config): the failures that open a
+// provider's or a route's circuit and its cool-down, how long a model's absence is
+// remembered, how many failing models open a provider, and the routes kept per provider.
 type BreakerSettings struct {
-	Failures   int   `json:"failures"`
-	CooldownMS int64 `json:"cooldown_ms"`
+	Failures       int   `json:"failures"`
+	CooldownMS     int64 `json:"cooldown_ms"`
+	AbsenceTTLMS   int64 `json:"absence_ttl_ms"`
+	ProviderModels int   `json:"provider_models"`
+	MaxRoutes      int   `json:"max_routes"`
 }
 
 // LinkDescription is one provider of the chain.
@@ -187,12 +198,16 @@ type LinkDescription struct {
 	KnownModels []string `json:"known_models"`
 	// Settings are the link's non-secret defaults (timeout, probe path).
 	Settings map[string]string `json:"settings"`
+	// Routes are its routes' states now, as in health.
+	Routes RouteSummary `json:"routes"`
 }
 
 // Describe is the chain with each provider's model map and defaults. It never calls a
 // provider.
 func (c *Chain) Describe() Description {
-	d := Description{Breaker: BreakerSettings{Failures: c.failures, CooldownMS: c.cooldown.Milliseconds()}}
+	d := Description{Breaker: BreakerSettings{Failures: c.failures, CooldownMS: c.cooldown.Milliseconds(),
+		AbsenceTTLMS: c.absenceTTL.Milliseconds(), ProviderModels: c.providerModels, MaxRoutes: c.maxRoutes}}
+	now := c.clock.Now()
 	for _, l := range c.links {
 		caps := l.provider.Capabilities()
 		models := l.models.Routes()
@@ -210,7 +225,7 @@ func (c *Chain) Describe() Description {
 		d.Providers = append(d.Providers, LinkDescription{
 			Name: l.name, Role: l.role, PassThrough: l.models.PassThrough(), Models: models,
 			Limit: l.limiter.Limit(), MaxOptions: caps.MaxOptions, MaxLevels: caps.MaxLevels, Images: caps.Images,
-			KnownModels: known, Settings: settings,
+			KnownModels: known, Settings: settings, Routes: l.routeSummary(now),
 		})
 	}
 	return d

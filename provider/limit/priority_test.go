@@ -2,6 +2,7 @@ package limit
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 )
@@ -17,7 +18,12 @@ func TestUrgentWaitersGoFirst(t *testing.T) {
 				t.Fatal(err)
 			}
 			order := make(chan string, 3)
+			// done: every waiter has returned, its slot given back (each says its label
+			// before releasing, so that the labels come in the order the slots were handed)
+			var done sync.WaitGroup
+			done.Add(4)
 			wait := func(label string, ctx context.Context) {
+				defer done.Done()
 				tok, err := lim.Acquire(ctx)
 				if err != nil {
 					return
@@ -49,6 +55,7 @@ func TestUrgentWaitersGoFirst(t *testing.T) {
 			if got[0] != "interactive" || got[1] != "batch-1" || got[2] != "batch-2" {
 				t.Fatalf("order %v, want interactive, batch-1, batch-2", got)
 			}
+			done.Wait()
 			if n := lim.InFlight(); n != 0 {
 				t.Fatalf("%d slots still held", n)
 			}

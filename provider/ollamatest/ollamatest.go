@@ -5,8 +5,9 @@
 // package contract, so it catches encoding bugs), enforces the 64 KiB / 32 MiB body limits,
 // and answers deterministically from model, state, question names and options (see
 // provider/internal/synth). Faults (error statuses, malformed answers, hangs, dropped
-// connections, latency) are programmable per call or for the next N calls. It counts calls,
-// the calls in flight and the most ever in flight, records what it received, and can report
+// connections, latency) are programmable per call, for the next N calls, or per model, as
+// Ollama fails (FailModel). It counts calls (in all and per model), the calls in flight and
+// the most ever in flight, records what it received, and can report
 // every call as it ends — answered, failed as told, or abandoned by its client (WithCallLog).
 //
 // By default it serves any number of calls at once. WithCapacity turns on a realistic
@@ -164,6 +165,10 @@ type Server struct {
 	rules  []rule
 	queue  []queuedFault
 	always *Fault
+	// modelFaults are FailModel's, by canonical model name; modelCalls counts valid calls
+	// by canonical model name (CallsFor).
+	modelFaults map[string]Fault
+	modelCalls  map[string]int64
 	// records is a ring of the last recordLimit requests; next is where the next one goes.
 	records []Recorded
 	next    int
@@ -283,13 +288,53 @@ func (s *Server) FailAlways(fault Fault) {
 	s.always = &fault
 }
 
-// Heal removes every queued, conditional and permanent fault.
+// Heal removes every queued, conditional, per-model and permanent fault.
 func (s *Server) Heal() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.rules = nil
 	s.queue = nil
 	s.always = nil
+	s.modelFaults = nil
+}
+
+// FailModel makes every System One call for model (Ollama's name: "x" is "x:latest") answer
+// with fault, until Heal, the way Ollama fails per model: a model it has but cannot run (one
+// too large for memory answers 500 while the others answer fine). So the fault comes after
+// Ollama's own checks: an invalid request is still 400 and a model the server does not have
+// still 404 (WithModels, SetModels). Queued, conditional and permanent faults (Fail, FailIf,
+// FailAlways) come first.
+func (s *Server) FailModel(model string, fault Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.modelFaults == nil {
+		s.modelFaults = map[string]Fault{}
+	}
+	s.modelFaults[canonicalModel(model)] = fault
+}
+
+// CallsFor is the number of System One calls for model (Ollama's name) so far whose request
+// passed Ollama's checks, whatever they were answered: 200, FailModel's fault, or 404 for a
+// model the server does not have. A call answered by a queued, conditional or permanent
+// fault never reaches those checks and is not counted (Calls counts every call).
+// ResetStats zeroes it.
+func (s *Server) CallsFor(model string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.modelCalls[canonicalModel(model)]
+}
+
+// validCall counts a call that passed the request checks and returns its model's fault.
+func (s *Server) validCall(model string) (Fault, bool) {
+	name := canonicalModel(model)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.modelCalls == nil {
+		s.modelCalls = map[string]int64{}
+	}
+	s.modelCalls[name]++
+	f, ok := s.modelFaults[name]
+	return f, ok
 }
 
 // FailIf makes every System One call whose body satisfies match answer with fault, before any
@@ -345,6 +390,7 @@ func (s *Server) ResetStats() {
 	s.mu.Lock()
 	s.records = nil
 	s.next = 0
+	s.modelCalls = nil
 	s.mu.Unlock()
 }
 
@@ -488,22 +534,8 @@ func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
 	if !s.wait(w, r, arrived.Add(time.Duration(s.latency.Load())+fault.Delay)) {
 		return
 	}
-	if faulty {
-		switch {
-		case fault.Hang:
-			select {
-			case <-r.Context().Done():
-			case <-s.done:
-				dropConnection(w) // a hung call ends as a broken connection, never as a 200
-			}
-			return
-		case fault.Drop:
-			dropConnection(w)
-			return
-		case fault.Status != 0:
-			writeFault(w, fault)
-			return
-		}
+	if faulty && s.misbehave(w, r, fault) {
+		return
 	}
 
 	if len(body) > MaxBodyWithImages {
@@ -519,9 +551,19 @@ func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
 		return
 	}
+	modelFault, modelFails := s.validCall(req.Model)
 	if !s.hasModel(req.Model) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("model '%s' not found", req.Model))
 		return
+	}
+	if modelFails && !faulty {
+		fault, faulty = modelFault, true
+		if fault.Delay > 0 && !s.wait(w, r, time.Now().Add(fault.Delay)) {
+			return
+		}
+		if s.misbehave(w, r, fault) {
+			return
+		}
 	}
 	if s.capacity != nil && !s.serve(w, r, len(req.Questions), len(req.State)) {
 		return
@@ -552,6 +594,28 @@ func (s *Server) handleSystemOne(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(out)
+}
+
+// misbehave carries out a fault that replaces the answer (a hang, a dropped connection, an
+// error status) and reports whether it did; a malformation or a delay alone leaves the
+// answer to be written.
+func (s *Server) misbehave(w http.ResponseWriter, r *http.Request, fault Fault) bool {
+	switch {
+	case fault.Hang:
+		select {
+		case <-r.Context().Done():
+		case <-s.done:
+			dropConnection(w) // a hung call ends as a broken connection, never as a 200
+		}
+		return true
+	case fault.Drop:
+		dropConnection(w)
+		return true
+	case fault.Status != 0:
+		writeFault(w, fault)
+		return true
+	}
+	return false
 }
 
 // wait sleeps for d unless the request or the server ends first; it reports whether to go on.

@@ -554,3 +554,43 @@ func TestCallLogSaysWhatEachCallCameTo(t *testing.T) {
 		}
 	}
 }
+
+// FailModel fails one model the way Ollama does (a model it has but cannot run): after the
+// request's checks, so an invalid request is still 400 and an unknown model still 404; the
+// other models answer. CallsFor counts each model's checked calls, 404s included.
+func TestFailModelFailsOneModelAfterOllamasChecks(t *testing.T) {
+	srv := ollamatest.New(t, ollamatest.WithModels("nimble:latest", "broken:latest"))
+	srv.FailModel("broken", ollamatest.Status(500))
+	srv.FailModel("slow:latest", ollamatest.Status(500)) // not pulled: 404 wins
+	withModel := func(m string) string { return strings.Replace(ticket, `"nimble"`, `"`+m+`"`, 1) }
+	for _, tc := range []struct {
+		body   string
+		status int
+	}{
+		{withModel("broken"), 500},
+		{withModel("broken:latest"), 500},
+		{withModel("nimble"), 200},
+		{withModel("slow"), 404},
+		{strings.Replace(withModel("broken"), `"questions"`, `"questionz"`, 1), 400},
+	} {
+		if status, _, b := post(t, srv, tc.body); status != tc.status {
+			t.Errorf("%.40s…: status %d %s, want %d", tc.body, status, b, tc.status)
+		}
+	}
+	if b, n, s := srv.CallsFor("broken"), srv.CallsFor("nimble:latest"), srv.CallsFor("slow"); b != 2 || n != 1 || s != 1 {
+		t.Errorf("calls for broken %d, nimble %d, slow %d; want 2, 1, 1 (the 400 is not counted)", b, n, s)
+	}
+	// queued faults come first; Heal ends the model's fault
+	srv.Fail(1, ollamatest.Busy(503, "1"))
+	if status, _, _ := post(t, srv, withModel("broken")); status != 503 {
+		t.Errorf("queued fault: %d", status)
+	}
+	srv.Heal()
+	if status, _, _ := post(t, srv, withModel("broken")); status != 200 {
+		t.Errorf("after Heal: %d", status)
+	}
+	srv.ResetStats()
+	if srv.CallsFor("broken") != 0 {
+		t.Error("ResetStats kept the per-model counts")
+	}
+}

@@ -54,7 +54,20 @@ type ProviderState struct {
 	Limit    int  // the limiter's current limit (fixed, or an adaptive limiter's estimate)
 	InFlight int  // tokens held now: calls running
 	Up       bool // last probe healthy and circuit not open
+	// Routes counts the provider's routes (a model as sent to it, each with its own circuit)
+	// by state: RouteStates, each always present.
+	Routes RouteCounts
 }
+
+// RouteCounts are a provider's routes by state.
+type RouteCounts struct {
+	Closed, Open, HalfOpen, Absent int
+}
+
+// RouteStates are the values of sys1_worker_provider_routes' state label.
+var RouteStates = []string{"closed", "open", "half_open", "absent"}
+
+func (r RouteCounts) byState() [4]int { return [4]int{r.Closed, r.Open, r.HalfOpen, r.Absent} }
 
 // Worker is a replica's metric families.
 type Worker struct {
@@ -117,12 +130,18 @@ func NewWorker(reg prometheus.Registerer, o WorkerOptions) (*Worker, error) {
 		"Provider calls running now in this replica (limiter tokens held), by provider.", []string{"provider"}, nil)
 	upDesc := prometheus.NewDesc("sys1_worker_provider_up",
 		"1 when the provider's last probe was healthy and its circuit is not open, else 0.", []string{"provider"}, nil)
+	// Routes are counted by state, never labelled by model: requests name arbitrary models,
+	// and sys1.svc.health lists the routes that are not closed.
+	routesDesc := prometheus.NewDesc("sys1_worker_provider_routes",
+		"The provider's routes (a model as sent to it, each with its own circuit breaker) in this replica, by state: closed, open (the model's failures opened it), half_open (the next call is its trial), absent (the provider answered 404 for the model; asked again after the absence TTL).",
+		[]string{"provider", "state"}, nil)
 	c.families = append(c.families,
 		Family{Name: "sys1_worker_provider_concurrency_limit", Type: "gauge", Labels: []string{"provider"}},
 		Family{Name: "sys1_worker_provider_in_flight", Type: "gauge", Labels: []string{"provider"}},
-		Family{Name: "sys1_worker_provider_up", Type: "gauge", Labels: []string{"provider"}})
+		Family{Name: "sys1_worker_provider_up", Type: "gauge", Labels: []string{"provider"}},
+		Family{Name: "sys1_worker_provider_routes", Type: "gauge", Labels: []string{"provider", "state"}})
 	c.register(&funcCollector{
-		descs: []*prometheus.Desc{limitDesc, inFlightDesc, upDesc},
+		descs: []*prometheus.Desc{limitDesc, inFlightDesc, upDesc, routesDesc},
 		collect: func(ch chan<- prometheus.Metric) {
 			for _, p := range o.Providers() {
 				up := 0.0
@@ -132,6 +151,9 @@ func NewWorker(reg prometheus.Registerer, o WorkerOptions) (*Worker, error) {
 				ch <- prometheus.MustNewConstMetric(limitDesc, prometheus.GaugeValue, float64(p.Limit), p.Name)
 				ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(p.InFlight), p.Name)
 				ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, up, p.Name)
+				for i, n := range p.Routes.byState() {
+					ch <- prometheus.MustNewConstMetric(routesDesc, prometheus.GaugeValue, float64(n), p.Name, RouteStates[i])
+				}
 			}
 		},
 	})
