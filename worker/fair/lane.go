@@ -47,6 +47,9 @@ type Lane struct {
 	cons     map[string]jetstream.Consumer
 	creating map[string]bool
 	lastErr  time.Time // when a creation failure was last logged
+	// fresh holds, for flows an arrival announced, until when an empty fetch is looked at
+	// again (see recheck).
+	fresh map[string]time.Time
 
 	// The pull loop's alone.
 	sched *Scheduler
@@ -63,7 +66,7 @@ func NewLane(cfg LaneConfig) *Lane {
 		log:     cfg.Log.With().Str("lane", string(cfg.Lane)).Logger(),
 		sem:     make(chan struct{}, cfg.Creators),
 		arrived: map[string]topology.Flow{}, ready: make(chan struct{}, 1),
-		counts: map[string]uint64{}, cons: map[string]jetstream.Consumer{}, creating: map[string]bool{},
+		counts: map[string]uint64{}, cons: map[string]jetstream.Consumer{}, creating: map[string]bool{}, fresh: map[string]time.Time{},
 		sched: NewScheduler(), flows: map[string]topology.Flow{},
 	}
 }
@@ -85,11 +88,30 @@ func (l *Lane) Notify(f topology.Flow) {
 	if f.Lane != l.cfg.Lane {
 		return
 	}
+	now := time.Now()
 	l.mu.Lock()
 	l.arrived[f.Key()] = f
+	if len(l.fresh) >= 4096 { // flows whose fetch never came (a consumer not created): forget them
+		for k, until := range l.fresh {
+			if now.After(until) {
+				delete(l.fresh, k)
+			}
+		}
+	}
+	l.fresh[f.Key()] = now.Add(freshFor)
 	l.mu.Unlock()
 	l.signal()
 }
+
+// An arrival can overtake its message: the stream republishes it once stored, but a flow's
+// consumer learns of it a moment later (a signal inside nats-server; in a cluster, a consumer
+// whose leader is another replica of the stream waits for replication), and a fetch in that
+// moment finds nothing. So a flow an arrival announced that comes back empty is fetched
+// again after recheck, for up to freshFor; after that, discovery finds what is left.
+const (
+	freshFor = 100 * time.Millisecond
+	recheck  = 10 * time.Millisecond
+)
 
 // WakeAfter activates f once d has passed: a delivery handed back with a delay comes back
 // then, and nothing else would say so.
@@ -182,7 +204,7 @@ func (l *Lane) Take(ctx context.Context, n int, deliver Deliver) (int, error) {
 		got, exhausted, err := l.fetch(ctx, cons, f, k, deliver)
 		if err != nil {
 			exhausted = true
-			if firstErr == nil {
+			if firstErr == nil && !gone(err) {
 				firstErr = err
 			}
 			if gone(err) {
@@ -198,12 +220,29 @@ func (l *Lane) Take(ctx context.Context, n int, deliver Deliver) (int, error) {
 		if exhausted {
 			delete(l.flows, key)
 		}
+		l.settleFresh(f, got, err)
 		used += got
 	}
 	if used > 0 {
 		return used, nil
 	}
 	return 0, firstErr
+}
+
+// settleFresh ends a flow's fresh window once it gave a message (or failed), and looks at an
+// empty one again while its window lasts.
+func (l *Lane) settleFresh(f topology.Flow, got int, err error) {
+	key := f.Key()
+	l.mu.Lock()
+	until, ok := l.fresh[key]
+	again := ok && got == 0 && err == nil && time.Now().Before(until)
+	if !again {
+		delete(l.fresh, key)
+	}
+	l.mu.Unlock()
+	if again {
+		l.WakeAfter(f, recheck)
+	}
 }
 
 // fetch takes up to k messages of one flow that are there now.

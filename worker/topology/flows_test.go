@@ -113,7 +113,9 @@ func TestFlowConsumersShareTheWorkQueue(t *testing.T) {
 		}
 	}
 	for f, want := range map[topology.Flow][]string{a: {"sys1.decide.a", "sys1.decide.a.more"}, b: {"sys1.decide.b"}, ab: {"sys1.batch.a.b1"}} {
-		mb, err := cons[f].FetchNoWait(10)
+		// A waiting fetch: a consumer learns of a stored message a moment after the stream
+		// republished it (worker/fair rechecks a fresh arrival for that reason).
+		mb, err := cons[f].Fetch(10, jetstream.FetchMaxWait(300*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
