@@ -65,6 +65,7 @@ func (w *Worker) instrument() error {
 		DeadLetters:  func() float64 { return float64(w.stats.deadLetters.Load()) },
 		Paused:       func() float64 { return float64(w.pausedGauge()) },
 		QuotaAtLimit: w.QuotaAtLimit,
+		Queues:       w.queueReadings,
 		Streams: func() []metrics.StreamState {
 			us := w.Streams()
 			out := make([]metrics.StreamState, 0, len(us))

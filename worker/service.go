@@ -17,6 +17,7 @@ import (
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker/limits"
+	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/pause"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -338,6 +339,42 @@ func QueueState(ctx context.Context, js jetstream.JetStream, t topology.Config) 
 		return out, fmt.Errorf("the consumers of %s: %w", t.RequestsStream, err)
 	}
 	return out, nil
+}
+
+// queueReadings are the lanes' queues for /metrics, from the fleet watcher's last reading.
+func (w *Worker) queueReadings() []metrics.QueueState {
+	cs := w.fleet.consumers.Load()
+	if cs == nil {
+		return nil
+	}
+	byLane := map[string]int{} // index in out
+	var out []metrics.QueueState
+	for _, c := range *cs {
+		if c.Error != "" {
+			continue
+		}
+		lane := c.Lane
+		switch {
+		case lane != "":
+		case c.Name == w.opt.Topology.WorkerConsumer:
+			lane = string(topology.LaneInteractive)
+		case c.Name == w.opt.Topology.BatchConsumer:
+			lane = string(topology.LaneBatch)
+		default:
+			continue
+		}
+		i, ok := byLane[lane]
+		if !ok {
+			i = len(out)
+			byLane[lane] = i
+			out = append(out, metrics.QueueState{Lane: lane})
+		}
+		q := &out[i]
+		q.Pending += float64(c.Pending)
+		q.AckPending += float64(c.AckPending)
+		q.Callers += float64(c.Callers)
+	}
+	return out
 }
 
 // pauseState is a lane's pause as health shows it, nil when the lane is not paused.

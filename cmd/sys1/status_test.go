@@ -318,3 +318,20 @@ func TestStatusCountsRoutesNotClosed(t *testing.T) {
 		t.Errorf("status:\n%s", out.String())
 	}
 }
+
+// TestLimitsRulesThatCannotMatchAreWarnedAtStartUp: in auth mode none (the Quick start's),
+// a limits rule naming a caller is said at start-up, naming the rule, and so is a rule behind
+// a catch-all.
+func TestLimitsRulesThatCannotMatchAreWarnedAtStartUp(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(file, []byte("rules:\n  - caller: billing\n    usd_per_day: 5\n  - caller: \"*\"\n    weight: 1\n  - caller: late\n    in_flight: 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs := startEmbeddedWorker(t, "SYS1_LIMITS_FILE", file)
+	out := logs.String()
+	for _, want := range []string{`rule \"billing\" (line 2) names callers`, `rule \"late\" (line 6) can never match`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("start-up log lacks %s:\n%s", want, out)
+		}
+	}
+}

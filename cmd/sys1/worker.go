@@ -89,7 +89,7 @@ func (f *workerFiles) Validate() []error {
 
 // watch re-reads the files as they change until ctx ends, logging each reload and keeping
 // the last good version of a file whose edit is bad.
-func (f *workerFiles) watch(ctx context.Context, bg *sync.WaitGroup, log zerolog.Logger) {
+func (f *workerFiles) watch(ctx context.Context, bg *sync.WaitGroup, log zerolog.Logger, authMode string) {
 	// Every file is polled like livefile polls (see worker/livefile for why not inotify).
 	const every = abstention.PollInterval
 	logReload := func(name, path string) { log.Info().Str("file", path).Msg(name + " reloaded") }
@@ -105,9 +105,17 @@ func (f *workerFiles) watch(ctx context.Context, bg *sync.WaitGroup, log zerolog
 		})
 	}
 	if l := f.limits; l != nil {
+		// Rules that cannot do what they appear to (never reached, or naming callers nobody
+		// verifies) are said at start-up and after each reload, naming each rule.
+		warn := func(lim *limits.Limits) {
+			for _, w := range lim.Warnings(authMode) {
+				log.Warn().Str("file", l.Path()).Msg("caller limits: " + w)
+			}
+		}
 		log.Info().Str("file", l.Path()).Int("rules", len(l.Current().Rules)).Msg("caller limits loaded")
+		warn(l.Current())
 		bg.Go(func() {
-			l.Watch(ctx, every, func(*limits.Limits) { logReload("caller limits", l.Path()) }, logRefused("caller limits", l.Path()))
+			l.Watch(ctx, every, func(lim *limits.Limits) { logReload("caller limits", l.Path()); warn(lim) }, logRefused("caller limits", l.Path()))
 		})
 	}
 	if p := f.prices; p != nil {
@@ -232,7 +240,7 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 	endpoints.Ready(w.Handler())
 
 	var bg sync.WaitGroup
-	s.files.watch(ctx, &bg, log)
+	s.files.watch(ctx, &bg, log, authn.Mode())
 
 	exit := exitOK
 	if s.sink.DSN != "" {

@@ -306,3 +306,36 @@ func TestWeightsAreTheFirstMatchingRules(t *testing.T) {
 		}
 	}
 }
+
+func TestRulesThatCanNeverMatchAreNamed(t *testing.T) {
+	l, err := ParseLimits([]byte(`rules:
+  - caller: billing
+    usd_per_day: 5
+  - caller: "svc.reports"
+    in_flight: 2
+  - caller: "*"
+    decisions_per_minute: 60
+  - caller: "team-*"
+    weight: 3
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := l.Warnings("subject")
+	if len(subject) != 2 || !strings.Contains(subject[0], `rule "svc.reports" (line 4) can never match`) ||
+		!strings.Contains(subject[1], `rule "team-*" (line 8) can never match: the rule at line 6 matches every caller`) {
+		t.Fatalf("mode subject: %q", subject)
+	}
+	jwt := l.Warnings("jwt") // a JWT's sub may hold a dot
+	if len(jwt) != 1 || !strings.Contains(jwt[0], `"team-*"`) {
+		t.Fatalf("mode jwt: %q", jwt)
+	}
+	none := l.Warnings("none")
+	if len(none) != 3 || !strings.Contains(none[0], `rule "billing" (line 2) names callers ("billing"), but SYS1_AUTH_MODE=none verifies nobody`) {
+		t.Fatalf("mode none: %q", none)
+	}
+	var nilLimits *Limits
+	if nilLimits.Warnings("none") != nil {
+		t.Error("no limits file, warnings")
+	}
+}

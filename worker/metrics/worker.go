@@ -21,7 +21,7 @@ type WorkerOptions struct {
 	Redeliveries func() float64 // deliveries nak'ed for a transient error
 	Replays      func() float64 // finished runs answered again from their stored outcome
 	DeadLetters  func() float64 // dead-lettered requests answered
-	Paused       func() float64 // 1 while the interactive consumer is paused
+	Paused       func() float64 // 1 while interactive requests are paused (sys1 pause)
 	// Providers is the chain's links now: their limiter and health.
 	Providers func() []ProviderState
 	// Fits is the calibration fits the replica holds now (see FitReading).
@@ -32,6 +32,17 @@ type WorkerOptions struct {
 	// QuotaAtLimit is, per quota kind, the callers at their quota now (JetStream refuses
 	// their next publish), as the fleet watcher last counted them.
 	QuotaAtLimit func() map[string]int
+	// Queues is each lane's queue as the fleet watcher last read it (QueueState).
+	Queues func() []QueueState
+}
+
+// QueueState is one lane of SYS1_REQUESTS (interactive, batch) as a scrape sees it: summed
+// over the lane's consumers (its flows', with fair share).
+type QueueState struct {
+	Lane       string
+	Pending    float64 // messages not yet delivered
+	AckPending float64 // delivered and not yet acknowledged (being run, or waiting to come back)
+	Callers    float64 // callers with messages waiting or in hand (fair share only)
 }
 
 // StreamState is one stream (or a KV bucket's stream, KV_<bucket>) as a scrape sees it.
@@ -87,7 +98,7 @@ type Worker struct {
 // reading function must be set.
 func NewWorker(reg prometheus.Registerer, o WorkerOptions) (*Worker, error) {
 	if o.InFlight == nil || o.ProviderPeak == nil || o.Redeliveries == nil || o.Replays == nil ||
-		o.DeadLetters == nil || o.Paused == nil || o.Providers == nil || o.Fits == nil || o.Streams == nil || o.QuotaAtLimit == nil {
+		o.DeadLetters == nil || o.Paused == nil || o.Providers == nil || o.Fits == nil || o.Streams == nil || o.QuotaAtLimit == nil || o.Queues == nil {
 		return nil, errors.New("metrics: every WorkerOptions reading is required")
 	}
 	c := &catalogue{reg: prometheus.WrapRegistererWith(prometheus.Labels{"worker": o.Replica}, reg)}
@@ -122,7 +133,7 @@ func NewWorker(reg prometheus.Registerer, o WorkerOptions) (*Worker, error) {
 	c.counterFunc("sys1_worker_redeliveries_total", "Deliveries nak'ed for a transient error (redelivered later).", o.Redeliveries)
 	c.counterFunc("sys1_worker_replays_total", "Finished runs answered again from their stored outcome.", o.Replays)
 	c.counterFunc("sys1_worker_dead_letters_total", "Requests that ran out of deliveries (SYS1_CONSUMER_MAX_DELIVER) and were answered from their advisory.", o.DeadLetters)
-	c.gaugeFunc("sys1_worker_paused", "1 while the fleet's interactive consumer is paused (sys1 pause), else 0.", o.Paused)
+	c.gaugeFunc("sys1_worker_paused", "1 while the fleet's interactive requests are paused (sys1 pause), else 0.", o.Paused)
 
 	limitDesc := prometheus.NewDesc("sys1_worker_provider_concurrency_limit",
 		"The provider's concurrency limit in this replica now (SYS1_CONCURRENCY, or the adaptive limiter's estimate).", []string{"provider"}, nil)
@@ -185,6 +196,26 @@ func NewWorker(reg prometheus.Registerer, o WorkerOptions) (*Worker, error) {
 				ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.GaugeValue, s.Bytes, s.Name)
 				ch <- prometheus.MustNewConstMetric(maxBytesDesc, prometheus.GaugeValue, s.MaxBytes, s.Name)
 				ch <- prometheus.MustNewConstMetric(fullDesc, prometheus.GaugeValue, full, s.Name)
+			}
+		},
+	})
+	pendingDesc := prometheus.NewDesc("sys1_worker_queue_pending",
+		"Requests waiting in SYS1_REQUESTS, not yet delivered, by lane (interactive, batch), as this replica's fleet watcher last read them: the queue depth to scale replicas on (every replica reports the same figure; take the max).", []string{"lane"}, nil)
+	ackPendingDesc := prometheus.NewDesc("sys1_worker_queue_ack_pending",
+		"Requests delivered and not yet acknowledged, by lane: being run, or handed back to come again later.", []string{"lane"}, nil)
+	callersDesc := prometheus.NewDesc("sys1_worker_queue_callers",
+		"Callers with requests waiting or in hand, by lane (fair share: each has a consumer of its own).", []string{"lane"}, nil)
+	c.families = append(c.families,
+		Family{Name: "sys1_worker_queue_pending", Type: "gauge", Labels: []string{"lane"}},
+		Family{Name: "sys1_worker_queue_ack_pending", Type: "gauge", Labels: []string{"lane"}},
+		Family{Name: "sys1_worker_queue_callers", Type: "gauge", Labels: []string{"lane"}})
+	c.register(&funcCollector{
+		descs: []*prometheus.Desc{pendingDesc, ackPendingDesc, callersDesc},
+		collect: func(ch chan<- prometheus.Metric) {
+			for _, q := range o.Queues() {
+				ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, q.Pending, q.Lane)
+				ch <- prometheus.MustNewConstMetric(ackPendingDesc, prometheus.GaugeValue, q.AckPending, q.Lane)
+				ch <- prometheus.MustNewConstMetric(callersDesc, prometheus.GaugeValue, q.Callers, q.Lane)
 			}
 		},
 	})
