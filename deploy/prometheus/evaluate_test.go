@@ -289,6 +289,29 @@ func TestDashboardsAndAlertsOnARunningFleet(t *testing.T) {
 		return instantVector(ctx, ng, f.scraper.db, expr, at)
 	}
 
+	t.Run("autoscaling", func(t *testing.T) {
+		// KEDA's query (../kubernetes/autoscaling.yaml) scales the workers on queue depth: it
+		// parses, names only what the workers serve, and gives a number under load.
+		b, err := os.ReadFile("../kubernetes/autoscaling.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`(?m)^\s+query: (.+)$`).FindStringSubmatch(string(b))
+		if m == nil {
+			t.Fatal("autoscaling.yaml has no prometheus query")
+		}
+		e, err := p.ParseExpr(m[1])
+		if err != nil {
+			t.Fatalf("%s does not parse: %v", m[1], err)
+		}
+		if c := cat.check(e); len(c.problems) > 0 {
+			t.Fatalf("%s:\n  %s", m[1], strings.Join(c.problems, "\n  "))
+		}
+		if vec, err := eval(m[1]); err != nil || len(vec) != 1 {
+			t.Fatalf("%s gave %v (%v), want one figure", m[1], vec, err)
+		}
+	})
+
 	t.Run("dashboards", func(t *testing.T) {
 		queries, variables := dashboardQueries(t)
 		if len(queries) < 20 {
