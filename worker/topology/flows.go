@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sys1hq/sys1/contract/wire"
 )
 
 // Fair share (worker/fair): each flow — a caller's interactive requests, one batch of a
@@ -78,9 +80,9 @@ func FlowOf(subject string) (Flow, bool) {
 	return f, true
 }
 
-func validToken(s string) bool {
-	return s != "" && !strings.ContainsAny(s, ".*> \t\r\n")
-}
+// validToken is a literal subject token, by the rule the caller token is read with
+// (CallerToken): a flow exists for every caller a request can have.
+func validToken(s string) bool { return wire.ValidToken(s) }
 
 // Subjects are the subjects a flow's consumer reads.
 func (f Flow) Subjects() []string {
