@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/sink/chtest"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -162,7 +163,7 @@ func (e *testEnv) publish(tb testing.TB, recs []contract.RunRecord) {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		bodies[i], subjects[i] = b, topology.RunsPrefix+string(recs[i].Status)
+		bodies[i], subjects[i] = b, wire.RunsPrefix+string(recs[i].Status)
 	}
 	e.publishRaw(tb, subjects, bodies)
 }
@@ -365,7 +366,7 @@ func (e *testEnv) publishLabels(tb testing.TB, labels []contract.Label) {
 	bodies := make([][]byte, len(labels))
 	for i := range labels {
 		bodies[i], _ = labels[i].MarshalJSON()
-		subjects[i] = topology.LabelsPrefix + labels[i].Caller + "." + topology.LabelAcceptedToken
+		subjects[i] = wire.LabelsPrefix + labels[i].Caller + "." + wire.AcceptedToken
 	}
 	e.publishRaw(tb, subjects, bodies)
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/worker/topology"
+	"github.com/sys1hq/sys1/contract/wire"
 )
 
 // labelColumns is the INSERT column list of <db>.labels, in the order labelRow.values returns
@@ -94,7 +94,7 @@ func (s *Sink) prepareLabels(msgs []jetstream.Msg) prepared {
 		}
 		from.seq, from.published, deliveries, from.stream = meta.Sequence.Stream, meta.Timestamp, meta.NumDelivered, meta.Stream
 		switch {
-		case strings.HasSuffix(m.Subject(), "."+topology.LabelRejectedToken):
+		case strings.HasSuffix(m.Subject(), "."+wire.RejectedToken):
 			var rj contract.LabelRejection
 			reason := ""
 			if err := json.Unmarshal(m.Data(), &rj); err != nil {
@@ -106,7 +106,7 @@ func (s *Sink) prepareLabels(msgs []jetstream.Msg) prepared {
 				p.refused++
 			}
 			p.dead = append(p.dead, s.labelDeadLetter(m.Data(), from, m.Subject(), deliveries, deadRejectedLabel, reason))
-		case strings.HasSuffix(m.Subject(), "."+topology.LabelAcceptedToken):
+		case strings.HasSuffix(m.Subject(), "."+wire.AcceptedToken):
 			l, derr := contract.DecodeLabel(m.Data())
 			var r *labelRow
 			if derr == nil {

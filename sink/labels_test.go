@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -126,7 +127,7 @@ func TestLabelSinkStoresLabelsAndParksTheRest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fs := cons.CachedInfo().Config.FilterSubjects; strings.Join(fs, ",") != topology.LabelsAccepted+","+topology.LabelsRejected {
+	if fs := cons.CachedInfo().Config.FilterSubjects; strings.Join(fs, ",") != wire.LabelsAccepted+","+wire.LabelsRejected {
 		t.Errorf("label consumer filters %v", fs)
 	}
 }

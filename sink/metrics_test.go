@@ -16,9 +16,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/metricstest"
-	"github.com/sys1hq/sys1/worker/topology"
 	"github.com/sys1hq/sys1/worker/tracing"
 )
 
@@ -41,7 +41,7 @@ func TestSinkMetricsAndInsertSpan(t *testing.T) {
 		rec := makeRecord(i)
 		rec.TraceID = sc.TraceID().String()
 		b, _ := json.Marshal(&rec)
-		m := &nats.Msg{Subject: topology.RunsPrefix + string(rec.Status), Data: b, Header: nats.Header{}}
+		m := &nats.Msg{Subject: wire.RunsPrefix + string(rec.Status), Data: b, Header: nats.Header{}}
 		tracing.Inject(trace.ContextWithSpanContext(ctx, sc), m.Header)
 		if _, err := e.js.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)

@@ -56,6 +56,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/startup"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -382,10 +383,6 @@ func (s *Sink) fetch(l *lane, cons jetstream.Consumer) ([]jetstream.Msg, error) 
 	return msgs, nil
 }
 
-// headerRunID is the header the worker sets on every record it publishes (worker.HeaderRunID):
-// the record's run id, readable even when its body is not.
-const headerRunID = "Sys1-Run-Id"
-
 // insertable is a row of a lane's table: its values in the lane's INSERT column order.
 type insertable interface{ values() []any }
 
@@ -432,7 +429,7 @@ func (s *Sink) prepare(msgs []jetstream.Msg) prepared {
 			// Only the error (which names the field, never its content), subject, sequence and
 			// the run id the worker put in the record's header (the body may not have one).
 			ev := s.log.Error()
-			if id := m.Headers().Get(headerRunID); id != "" {
+			if id := m.Headers().Get(wire.HeaderRunID); id != "" {
 				ev = ev.Str("run_id", id)
 			}
 			ev.Str("subject", m.Subject()).Uint64("runs_seq", from.seq).Int("bytes", len(m.Data())).

@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sys1hq/sys1/worker/topology"
+	"github.com/sys1hq/sys1/contract/wire"
 )
 
 // Batch manifests. `sys1 batch run` checks every line before it sends any; the lines that fail
@@ -25,9 +25,8 @@ import (
 // bucket under BatchManifestKey, where status reads it. The first caller to name a batch id
 // owns its manifest (as with run ids); another caller's manifest for it is dropped.
 
-// HeaderBatchManifest marks a batch manifest on sys1.decide.<caller> (its value is the
-// manifest's version, "1").
-const HeaderBatchManifest = "Sys1-Batch-Manifest"
+// wire.HeaderBatchManifest marks a batch manifest on sys1.decide.<caller>; its value is the
+// manifest's version, "1".
 
 // BatchManifest is what a batch run says about its input.
 type BatchManifest struct {
@@ -51,7 +50,7 @@ const maxManifestBytes = 4096
 
 // isBatchManifest reports whether msg is a batch manifest rather than a request.
 func isBatchManifest(msg jetstream.Msg) bool {
-	return strings.HasPrefix(msg.Subject(), topology.DecidePrefix) && msg.Headers().Get(HeaderBatchManifest) != ""
+	return strings.HasPrefix(msg.Subject(), wire.DecidePrefix) && msg.Headers().Get(wire.HeaderBatchManifest) != ""
 }
 
 // storeBatchManifest keeps one manifest delivery's manifest and settles the delivery. NATS or

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
 )
@@ -137,7 +138,7 @@ func TestBatchManifestIsKeptForItsCaller(t *testing.T) {
 		t.Helper()
 		m := nats.NewMsg(subject)
 		m.Data = []byte(body)
-		m.Header.Set(worker.HeaderBatchManifest, "1")
+		m.Header.Set(wire.HeaderBatchManifest, "1")
 		if _, err := h.js.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
 		}

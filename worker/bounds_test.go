@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/metricstest"
@@ -149,7 +150,7 @@ func TestACallerOverItsQuotaIsRefusedAndAnotherIsNot(t *testing.T) {
 		if err != nil {
 			t.Fatalf("svc-a's queued requests: %v", err)
 		}
-		if m.Header.Get(worker.HeaderStatus) != string(contract.StatusSuccess) {
+		if m.Header.Get(wire.HeaderStatus) != string(contract.StatusSuccess) {
 			t.Errorf("svc-a's queued request: %s", m.Data)
 		}
 	}
@@ -187,7 +188,7 @@ func TestTheQuotaBackstopCountsACallersFurtherSubjects(t *testing.T) {
 		if err != nil {
 			t.Fatalf("after %d ok and %d refused: %v", ok, refused, err)
 		}
-		switch m.Header.Get(worker.HeaderErrorCode) {
+		switch m.Header.Get(wire.HeaderErrorCode) {
 		case "":
 			ok++
 		case string(contract.CodeQuotaExceeded):
@@ -230,7 +231,7 @@ func TestReviewFullStillAnswersAndHealthNamesIt(t *testing.T) {
 		t.Fatalf("decide: %v\n%s", err, h.logs.String())
 	}
 	if rep.Status != contract.StatusSuccess || rep.Review == nil || rep.Review.Status != contract.ReviewNotQueued ||
-		!strings.Contains(rep.Review.Reason, "SYS1_REVIEW is full") || rep.Header.Get(worker.HeaderReview) != contract.ReviewNotQueued {
+		!strings.Contains(rep.Review.Reason, "SYS1_REVIEW is full") || rep.Header.Get(wire.HeaderReview) != contract.ReviewNotQueued {
 		t.Fatalf("reply %s (headers %v)\n%s", rep.Raw, rep.Header, h.logs.String())
 	}
 	if took := time.Since(start); took > 5*time.Second {

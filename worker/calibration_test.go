@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/calibration"
 	"github.com/sys1hq/sys1/worker/calibration/calibrationtest"
@@ -39,7 +40,7 @@ rules:
 	calibrationtest.PutFit(t, kv, "other-model", "svc-a", "urgent", contract.TypeNoul, 20)
 	fit, _ := calibrationtest.PutFit(t, kv, "nimble", "svc-a", "urgent", contract.TypeNoul, 0.1)
 	waitFor(t, "the fits in capabilities", 10*time.Second, func() bool {
-		caps, err := worker.AskFleet(context.Background(), h.nc, worker.CapabilitiesSubject, time.Second)
+		caps, err := worker.AskFleet(context.Background(), h.nc, wire.CapabilitiesSubject, time.Second)
 		var c worker.Capabilities
 		return err == nil && len(caps) == 1 && json.Unmarshal(caps[0], &c) == nil && len(c.Calibration) == 2
 	})

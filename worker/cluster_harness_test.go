@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider"
 	"github.com/sys1hq/sys1/provider/ollama"
 	"github.com/sys1hq/sys1/provider/ollamatest"
@@ -374,7 +375,7 @@ func (l *clusterLoad) produce(cl *client.Client, i int) {
 	id := clusterRunID(i)
 	start := time.Now()
 	deadline := start.Add(clusterRunDeadline)
-	req := client.Request{Caller: clusterCaller, Body: clusterBody(i), RunID: id, ReplyTo: topology.RepliesPrefix + clusterCaller + "." + id}
+	req := client.Request{Caller: clusterCaller, Body: clusterBody(i), RunID: id, ReplyTo: wire.RepliesPrefix + clusterCaller + "." + id}
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := cl.Publish(ctx, req)
@@ -421,7 +422,7 @@ func (l *clusterLoad) collectReplies() {
 	defer cancel()
 	cons, err := h.js.CreateConsumer(ctx, h.topo.RepliesStream, jetstream.ConsumerConfig{
 		Durable:        "test-reply-collector",
-		FilterSubjects: []string{topology.RepliesPrefix + clusterCaller + ".>"},
+		FilterSubjects: []string{wire.RepliesPrefix + clusterCaller + ".>"},
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        5 * time.Second, // a reply lost with a dying node comes again
 		Replicas:       h.topo.Replicas,
@@ -444,7 +445,7 @@ func (l *clusterLoad) collectReplies() {
 				for m := range batch.Messages() {
 					if meta, merr := m.Metadata(); merr == nil && !seen[meta.Sequence.Stream] {
 						seen[meta.Sequence.Stream] = true
-						l.gotReply(m.Headers().Get(worker.HeaderRunID), m.Data())
+						l.gotReply(m.Headers().Get(wire.HeaderRunID), m.Data())
 					}
 					_ = m.Ack() // if this ack is lost, the redelivery is skipped above
 				}
@@ -547,7 +548,7 @@ func (h *clusterHarness) verify(l *clusterLoad) {
 	}
 	stored := map[string][][]byte{}
 	for _, m := range h.readStream(h.topo.RepliesStream) {
-		id := m.Headers().Get(worker.HeaderRunID)
+		id := m.Headers().Get(wire.HeaderRunID)
 		stored[id] = append(stored[id], m.Data())
 	}
 

@@ -5,10 +5,11 @@ import (
 	"strings"
 
 	"fmt"
-	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/provider/limit"
 	"os"
 	"time"
+
+	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/provider/limit"
 )
 
 // Config is the worker pool's own configuration (the JetStream names live in topology.Config,

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/fair"
 	"github.com/sys1hq/sys1/worker/pause"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -52,12 +53,12 @@ func (f *fairShare) lane(l topology.Lane) *fair.Lane {
 	return f.interactive
 }
 
-// followArrivals subscribes to the streams' arrivals (topology.ArrivalsSubjects): each names
+// followArrivals subscribes to the streams' arrivals (wire.ArrivalsSubjects): each names
 // the subject a message was stored on, and so its flow, the moment it is stored. They are
 // hints: one lost (a slow subscription, a failover) is found by the next discovery.
 func (w *Worker) followArrivals() (*nats.Subscription, error) {
-	sub, err := w.opt.NC.Subscribe(topology.ArrivalsSubjects, func(m *nats.Msg) {
-		if f, ok := topology.FlowOf(strings.TrimPrefix(m.Subject, topology.ArrivalsPrefix)); ok {
+	sub, err := w.opt.NC.Subscribe(wire.ArrivalsSubjects, func(m *nats.Msg) {
+		if f, ok := topology.FlowOf(strings.TrimPrefix(m.Subject, wire.ArrivalsPrefix)); ok {
 			w.fair.lane(f.Lane).Notify(f)
 		}
 	})

@@ -6,37 +6,12 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sys1hq/sys1/contract/wire"
 )
 
-// Header names of SPEC §3–§4.
-const (
-	HeaderRunID     = "Sys1-Run-Id"
-	HeaderReplyTo   = "Sys1-Reply-To"
-	HeaderDeadline  = "Sys1-Deadline"
-	HeaderStatus    = "Sys1-Status"
-	HeaderErrorCode = "Sys1-Error-Code"
-	HeaderMsgID     = "Nats-Msg-Id"
-	// HeaderMinConfidence tightens the abstention policy's confidence threshold for one
-	// request; HeaderReview is "pending" on a reply when a question went to human review.
-	HeaderMinConfidence = "Sys1-Min-Confidence"
-	HeaderReview        = "Sys1-Review"
-)
-
-// ValidRunID reports whether id is 1–128 of A-Za-z0-9._:- (SPEC §3).
-func ValidRunID(id string) bool {
-	if len(id) == 0 || len(id) > 128 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == ':', c == '-':
-		default:
-			return false
-		}
-	}
-	return true
-}
+// ValidRunID reports whether id is 1–128 of A-Za-z0-9._:- (SPEC §3; wire.ValidRunID).
+func ValidRunID(id string) bool { return wire.ValidRunID(id) }
 
 // derivedRunID names a run that carried no usable id: <stream>~<seq>~<epoch>. It contains
 // '~', which SPEC §3 forbids in caller ids, so it can never collide with one; it is stable
@@ -63,7 +38,7 @@ func parseDeadline(v string) (t time.Time, set bool, err error) {
 	}
 	t, err = time.Parse(time.RFC3339Nano, strings.TrimSpace(v))
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("%s: %q is not an RFC 3339 time", HeaderDeadline, echo(v))
+		return time.Time{}, false, fmt.Errorf("%s: %q is not an RFC 3339 time", wire.HeaderDeadline, echo(v))
 	}
 	return t, true, nil
 }

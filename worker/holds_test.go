@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/worker"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/client"
 )
 
@@ -116,7 +116,7 @@ func TestHoldIsReleasedByTheReviewersLabel(t *testing.T) {
 	if rep.Status != contract.StatusSuccess || rep.Review == nil || rep.Review.Status != contract.ReviewReviewed || rep.Review.Item != items[0].ID {
 		t.Errorf("reply %s", rep.Raw)
 	}
-	if rep.Header.Get(worker.HeaderRunID) != "held-1" || rep.Header.Get(worker.HeaderStatus) != "success" || rep.Header.Get(worker.HeaderReview) != "reviewed" {
+	if rep.Header.Get(wire.HeaderRunID) != "held-1" || rep.Header.Get(wire.HeaderStatus) != "success" || rep.Header.Get(wire.HeaderReview) != "reviewed" {
 		t.Errorf("reply headers %v", rep.Header)
 	}
 	if !strings.Contains(string(rep.Raw), `"answers":{"label":{"type":"choice"`) {

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -268,7 +269,7 @@ func (w *Worker) checkLabel(ctx context.Context, msg jetstream.Msg) {
 	s := &labelSubmission{w: w, msg: msg, meta: meta,
 		log: w.log.With().Str("subject", msg.Subject()).Uint64("labels_seq", meta.Sequence.Stream).Uint64("delivery", meta.NumDelivered).Logger()}
 	token, terr := auth.CallerFromSubject(msg.Subject())
-	if terr != nil || !strings.HasPrefix(msg.Subject(), topology.LabelsPrefix) {
+	if terr != nil || !strings.HasPrefix(msg.Subject(), wire.LabelsPrefix) {
 		// The consumer's filter makes this unreachable: nowhere to record an outcome.
 		s.log.Error().Msg("label on a subject without a caller token; terminated")
 		_ = msg.Term()
@@ -315,7 +316,7 @@ func (s *labelSubmission) check(ctx context.Context) (*contract.Label, *contract
 		identity.Subject = s.msg.Subject()
 	}
 	s.identity, s.verified = identity, identity.Kind != ""
-	s.replyTo = hdr.Get(HeaderReplyTo)
+	s.replyTo = hdr.Get(wire.HeaderReplyTo)
 	if !s.verified {
 		s.replyTo = "" // never answer anyone unverified: recorded as rejected, not answered
 	}
@@ -425,13 +426,13 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 	if s.label != nil {
 		reply.RunID, reply.Question = s.label.RunID, s.label.Question
 	}
-	subject, status := topology.LabelsPrefix+s.token+"."+topology.LabelAcceptedToken, contract.LabelAccepted
+	subject, status := wire.LabelsPrefix+s.token+"."+wire.AcceptedToken, contract.LabelAccepted
 	var body []byte
 	if out != nil {
 		body, _ = out.MarshalJSON()
 		reply.Question, reply.Label = out.Question, out.Value
 	} else {
-		subject, status = topology.LabelsPrefix+s.token+"."+topology.LabelRejectedToken, contract.LabelRejected
+		subject, status = wire.LabelsPrefix+s.token+"."+wire.RejectedToken, contract.LabelRejected
 		caller := ""
 		if s.verified {
 			caller = s.identity.Caller
@@ -453,7 +454,7 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 	err := r.store(ctx, "publish the checked label", w.opt.Topology.LabelsStream, func(ctx context.Context) error {
 		m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
 		if s.label != nil {
-			m.Header.Set(HeaderRunID, s.label.RunID)
+			m.Header.Set(wire.HeaderRunID, s.label.RunID)
 		}
 		opts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}
 		if out == nil {
@@ -480,13 +481,13 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 	rb, _ := reply.MarshalJSON()
 	m := &nats.Msg{Subject: s.replyTo, Data: rb, Header: nats.Header{}}
 	if reply.RunID != "" {
-		m.Header.Set(HeaderRunID, reply.RunID)
+		m.Header.Set(wire.HeaderRunID, reply.RunID)
 	}
-	m.Header.Set(HeaderStatus, status)
+	m.Header.Set(wire.HeaderStatus, status)
 	if cerr != nil {
-		m.Header.Set(HeaderErrorCode, string(cerr.Code))
+		m.Header.Set(wire.HeaderErrorCode, string(cerr.Code))
 	}
-	if strings.HasPrefix(s.replyTo, topology.RepliesPrefix) {
+	if strings.HasPrefix(s.replyTo, wire.RepliesPrefix) {
 		err := r.store(ctx, "publish the durable label reply", w.opt.Topology.RepliesStream, func(ctx context.Context) error {
 			_, err := w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("reply:"+id))
 			return err

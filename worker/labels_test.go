@@ -14,9 +14,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/sink"
 	"github.com/sys1hq/sys1/sink/chtest"
-	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/client"
 )
@@ -90,7 +90,7 @@ func (h *harness) submitLabel(subject string, body []byte, hdr nats.Header) uint
 	return ack.Sequence
 }
 
-func replyTo(subject string) nats.Header { return nats.Header{worker.HeaderReplyTo: {subject}} }
+func replyTo(subject string) nats.Header { return nats.Header{wire.HeaderReplyTo: {subject}} }
 
 // checked returns the checked labels on SYS1_LABELS whose subject ends in suffix
 // ("accepted" or "rejected").
@@ -199,7 +199,7 @@ func TestProducerLabelsAreCheckedAndAccepted(t *testing.T) {
 		h.submitLabel("sys1.labels.svc-a", []byte(c.body), replyTo(in.subject))
 		rep, hdr := in.next()
 		if rep.Status != contract.LabelAccepted || string(rep.Label) != c.canonical || rep.Error != nil || rep.RunID != "ticket-L1" ||
-			hdr.Get(worker.HeaderStatus) != "accepted" || hdr.Get(worker.HeaderRunID) != "ticket-L1" {
+			hdr.Get(wire.HeaderStatus) != "accepted" || hdr.Get(wire.HeaderRunID) != "ticket-L1" {
 			t.Errorf("%s: reply %+v (label %s), headers %v", c.body, rep, rep.Label, hdr)
 		}
 	}
@@ -274,7 +274,7 @@ func TestBadLabelsAreRejectedWithAClearError(t *testing.T) {
 		seqs[i] = h.submitLabel("sys1.labels.svc-a", []byte(c.body), replyTo(in.subject))
 		rep, hdr := in.next()
 		if rep.Status != contract.LabelRejected || rep.Error == nil || rep.Error.Code != c.code || !strings.Contains(rep.Error.Message, c.want) ||
-			string(rep.Label) != "null" || hdr.Get(worker.HeaderStatus) != "rejected" || hdr.Get(worker.HeaderErrorCode) != string(c.code) {
+			string(rep.Label) != "null" || hdr.Get(wire.HeaderStatus) != "rejected" || hdr.Get(wire.HeaderErrorCode) != string(c.code) {
 			t.Errorf("%s: reply %+v, headers %v; want %s containing %q", c.name, rep, hdr, c.code, c.want)
 		}
 	}
@@ -396,7 +396,7 @@ func TestLabelCheckRetriesThenAnswersOnItsLastDelivery(t *testing.T) {
 	seq := h.submitLabel("sys1.labels.svc-a", []byte(`{"run_id":"gone-1","question":"urgent","label":true}`), replyTo(in.subject))
 	rep, hdr := in.next()
 	if rep.Status != contract.LabelRejected || rep.Error == nil || rep.Error.Code != contract.CodeInternal ||
-		!strings.Contains(rep.Error.Message, "could not be read in 4 deliveries") || hdr.Get(worker.HeaderErrorCode) != "SYS1_INTERNAL" {
+		!strings.Contains(rep.Error.Message, "could not be read in 4 deliveries") || hdr.Get(wire.HeaderErrorCode) != "SYS1_INTERNAL" {
 		t.Fatalf("reply %+v", rep)
 	}
 	if rj := h.rejectionFor(seq); rj == nil || rj.Error.Code != contract.CodeInternal {

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/policy"
@@ -79,8 +80,8 @@ func TestPolicyAbstainsAndQueuesReview(t *testing.T) {
 		t.Errorf("urgent verdict %+v", urgent)
 	}
 	itemID := contract.ReviewItemID("unsure-1", "label")
-	if rep.Review == nil || rep.Review.Status != contract.ReviewPending || rep.Review.Item != itemID || rep.Header.Get(worker.HeaderReview) != "pending" {
-		t.Errorf("review %+v, header %q", rep.Review, rep.Header.Get(worker.HeaderReview))
+	if rep.Review == nil || rep.Review.Status != contract.ReviewPending || rep.Review.Item != itemID || rep.Header.Get(wire.HeaderReview) != "pending" {
+		t.Errorf("review %+v, header %q", rep.Review, rep.Header.Get(wire.HeaderReview))
 	}
 	if !strings.Contains(string(rep.Raw), `"answers":{"label":{"type":"choice"`) {
 		t.Errorf("answers are not verbatim: %s", rep.Raw)
@@ -106,7 +107,7 @@ func TestPolicyDecidedQueuesNothingAndNoPolicyChangesNothing(t *testing.T) {
 	h := newHarness(t)
 	h.start(withPolicy(t, "rules:\n  - name: lax\n    min_confidence: 0\n    noul_abstain_between: [0.0, 0.0]\n"))
 	rep := h.decide("svc-a", []byte(ticket))
-	if rep.Review != nil || len(rep.Verdicts) != 3 || rep.Header.Get(worker.HeaderReview) != "" {
+	if rep.Review != nil || len(rep.Verdicts) != 3 || rep.Header.Get(wire.HeaderReview) != "" {
 		t.Fatalf("reply %s", rep.Raw)
 	}
 	for _, v := range rep.Verdicts {

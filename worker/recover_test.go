@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/worker"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
@@ -29,7 +29,7 @@ func (h *harness) decideWithoutRunID(body []byte) (runID string, status contract
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	m := &nats.Msg{Subject: "sys1.decide.svc-a", Data: body, Header: nats.Header{}}
-	m.Header.Set(worker.HeaderReplyTo, inbox)
+	m.Header.Set(wire.HeaderReplyTo, inbox)
 	if _, err := h.js.PublishMsg(ctx, m); err != nil {
 		h.t.Fatalf("publish: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -100,7 +101,7 @@ func (r *run) queueReview(ctx context.Context, now time.Time) (bool, error) {
 		err := r.store(ctx, "publish the review item", stream, func(ctx context.Context) error {
 			body, _ := rr.MarshalJSON()
 			m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
-			m.Header.Set(HeaderRunID, r.runID)
+			m.Header.Set(wire.HeaderRunID, r.runID)
 			_, err := r.w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("review:"+rr.Items[0].ID))
 			return err
 		})

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/sink/chtest"
-	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
 )
 
@@ -46,7 +46,7 @@ func TestReviewAcceptanceEndToEnd(t *testing.T) {
 
 	unsure := h.decide("unsure", []byte(ticket), func(r *client.Request) { r.RunID = "acc-unsure" })
 	if v, _ := unsure.Verdicts.Get("label"); v.Status != contract.VerdictAbstained || v.Rule != "routing" || unsure.Review == nil ||
-		unsure.Review.Status != contract.ReviewPending || unsure.Header.Get(worker.HeaderReview) != "pending" {
+		unsure.Review.Status != contract.ReviewPending || unsure.Header.Get(wire.HeaderReview) != "pending" {
 		t.Fatalf("low confidence: %s", unsure.Raw)
 	}
 	sure := h.decide("sure", []byte(ticket), func(r *client.Request) { r.RunID = "acc-sure" })
@@ -55,7 +55,7 @@ func TestReviewAcceptanceEndToEnd(t *testing.T) {
 			t.Errorf("confident %s: %+v", v.Question, v)
 		}
 	}
-	if sure.Review != nil || sure.Header.Get(worker.HeaderReview) != "" || len(sure.Verdicts) != 3 {
+	if sure.Review != nil || sure.Header.Get(wire.HeaderReview) != "" || len(sure.Verdicts) != 3 {
 		t.Errorf("confident: %s", sure.Raw)
 	}
 

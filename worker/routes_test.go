@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/provider/ollamatest"
 	"github.com/sys1hq/sys1/worker"
@@ -142,7 +143,7 @@ func TestABrokenModelLeavesTheOthersAlone(t *testing.T) {
 		t.Errorf("%d calls for the missing model: its absence is remembered after the first 404", n)
 	}
 
-	raw, err := worker.AskFleet(context.Background(), h.nc, worker.HealthSubject, 5*time.Second)
+	raw, err := worker.AskFleet(context.Background(), h.nc, wire.HealthSubject, 5*time.Second)
 	if err != nil || len(raw) != 1 {
 		t.Fatalf("health: %d answers, %v", len(raw), err)
 	}

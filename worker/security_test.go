@@ -22,8 +22,8 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider/ollamatest"
-	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/client"
 )
@@ -218,12 +218,12 @@ func TestRefusedCallerCannotPlantRepliesInAnotherNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	if m, err := s.GetLastMsgForSubject(ctx, "sys1.replies.victim.inbox"); err == nil {
-		t.Errorf("a refused request planted a reply in another caller's namespace: run %s %s", m.Header.Get(worker.HeaderRunID), m.Data)
+		t.Errorf("a refused request planted a reply in another caller's namespace: run %s %s", m.Header.Get(wire.HeaderRunID), m.Data)
 	}
 	// The verified but forbidden caller is answered in its own namespace only; the
 	// unauthenticated one, whom nobody verified, is not answered anywhere.
 	if m, err := s.GetLastMsgForSubject(ctx, "sys1.replies.attacker.inbox"); err == nil {
-		t.Errorf("an unauthenticated request was answered: run %s %s", m.Header.Get(worker.HeaderRunID), m.Data)
+		t.Errorf("an unauthenticated request was answered: run %s %s", m.Header.Get(wire.HeaderRunID), m.Data)
 	}
 	for _, rec := range h.records() {
 		if rec.Status != contract.StatusFailed || strings.HasPrefix(rec.RunID, "victim") {

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker/limits"
 	"github.com/sys1hq/sys1/worker/metrics"
@@ -22,14 +23,10 @@ import (
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
-// The NATS micro service every replica registers: `nats micro ls` lists the replicas, and
-// its two endpoints answer what a replica is and how it is doing. Every replica answers every
-// request (no queue group), so one request gathers the whole fleet (sys1 status).
-const (
-	ServiceName         = "sys1"
-	HealthSubject       = "sys1.svc.health"
-	CapabilitiesSubject = "sys1.svc.capabilities"
-)
+// Every replica registers the NATS micro service wire.ServiceName: `nats micro ls` lists the
+// replicas, and its two endpoints (wire.HealthSubject, wire.CapabilitiesSubject) answer what a
+// replica is and how it is doing. Every replica answers every request (no queue group), so one
+// request gathers the whole fleet (sys1 status).
 
 // Health statuses: the provider chain's (ok, degraded, down), or paused when the fleet's
 // interactive consumer is paused.
@@ -213,14 +210,14 @@ func sanitiseSemverPart(v string) string {
 // startService registers the replica's micro service; stop it with the returned function.
 func (w *Worker) startService() (stop func(), err error) {
 	svc, err := micro.AddService(w.opt.NC, micro.Config{
-		Name:               ServiceName,
+		Name:               wire.ServiceName,
 		Version:            ProductVersion(w.opt.Version),
 		Description:        "sys1 worker replica: System One decisions from JetStream",
 		Metadata:           map[string]string{"replica": w.cfg.ID},
 		QueueGroupDisabled: true,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("register the micro service %s: %w", ServiceName, err)
+		return nil, fmt.Errorf("register the micro service %s: %w", wire.ServiceName, err)
 	}
 	respond := func(name string, build func() any) micro.HandlerFunc {
 		return func(req micro.Request) {
@@ -232,13 +229,13 @@ func (w *Worker) startService() (stop func(), err error) {
 			_ = req.Respond(b)
 		}
 	}
-	if err := svc.AddEndpoint("health", respond("health", func() any { return w.Health() }), micro.WithEndpointSubject(HealthSubject)); err != nil {
+	if err := svc.AddEndpoint("health", respond("health", func() any { return w.Health() }), micro.WithEndpointSubject(wire.HealthSubject)); err != nil {
 		_ = svc.Stop()
-		return nil, fmt.Errorf("micro endpoint %s: %w", HealthSubject, err)
+		return nil, fmt.Errorf("micro endpoint %s: %w", wire.HealthSubject, err)
 	}
-	if err := svc.AddEndpoint("capabilities", respond("capabilities", func() any { return w.Capabilities() }), micro.WithEndpointSubject(CapabilitiesSubject)); err != nil {
+	if err := svc.AddEndpoint("capabilities", respond("capabilities", func() any { return w.Capabilities() }), micro.WithEndpointSubject(wire.CapabilitiesSubject)); err != nil {
 		_ = svc.Stop()
-		return nil, fmt.Errorf("micro endpoint %s: %w", CapabilitiesSubject, err)
+		return nil, fmt.Errorf("micro endpoint %s: %w", wire.CapabilitiesSubject, err)
 	}
 	return func() { _ = svc.Stop() }, nil
 }
@@ -476,12 +473,12 @@ func (w *Worker) Capabilities() Capabilities {
 	return c
 }
 
-// AskFleet asks every replica's micro service on subject (HealthSubject or
-// CapabilitiesSubject) and returns their answers, raw. It first pings the service to learn
+// AskFleet asks every replica's micro service on subject (wire.HealthSubject or
+// wire.CapabilitiesSubject) and returns their answers, raw. It first pings the service to learn
 // how many replicas there are, then waits for that many answers or until wait passes.
 func AskFleet(ctx context.Context, nc *nats.Conn, subject string, wait time.Duration) ([][]byte, error) {
 	// Pings come back fast; the wait only bounds a slow replica.
-	pings, err := gather(ctx, nc, "$SRV.PING."+ServiceName, 0, min(wait, 500*time.Millisecond))
+	pings, err := gather(ctx, nc, "$SRV.PING."+wire.ServiceName, 0, min(wait, 500*time.Millisecond))
 	if err != nil || len(pings) == 0 {
 		return nil, err
 	}

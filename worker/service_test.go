@@ -13,6 +13,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider/ollamatest"
 	"github.com/sys1hq/sys1/provider/systemonetest"
 	"github.com/sys1hq/sys1/worker"
@@ -27,7 +28,7 @@ func (h *harness) fleetHealth(want int) []worker.Health {
 	h.t.Helper()
 	var out []worker.Health
 	ask := func() bool {
-		answers, err := worker.AskFleet(context.Background(), h.nc, worker.HealthSubject, 5*time.Second)
+		answers, err := worker.AskFleet(context.Background(), h.nc, wire.HealthSubject, 5*time.Second)
 		if err != nil {
 			h.t.Fatal(err)
 		}
@@ -68,7 +69,7 @@ func TestReplicasAnswerHealthAndCapabilitiesOverMicro(t *testing.T) {
 	}
 	// Found the way `nats micro ls` finds services: both replicas answer a ping.
 	waitFor(t, "two replicas registered", 10*time.Second, func() bool {
-		pings, err := worker.AskFleet(context.Background(), h.nc, "$SRV.PING."+worker.ServiceName, time.Second)
+		pings, err := worker.AskFleet(context.Background(), h.nc, "$SRV.PING."+wire.ServiceName, time.Second)
 		return err == nil && len(pings) == 2
 	})
 	var ids []string
@@ -81,11 +82,11 @@ func TestReplicasAnswerHealthAndCapabilitiesOverMicro(t *testing.T) {
 	if strings.Join(ids, ",") != "replica-a,replica-b" && strings.Join(ids, ",") != "replica-b,replica-a" {
 		t.Errorf("replicas %v", ids)
 	}
-	raw, err := worker.AskFleet(context.Background(), h.nc, worker.HealthSubject, 5*time.Second)
+	raw, err := worker.AskFleet(context.Background(), h.nc, wire.HealthSubject, 5*time.Second)
 	if err != nil || len(raw) != 2 {
 		t.Fatalf("health: %d answers, %v", len(raw), err)
 	}
-	caps, err := worker.AskFleet(context.Background(), h.nc, worker.CapabilitiesSubject, 5*time.Second)
+	caps, err := worker.AskFleet(context.Background(), h.nc, wire.CapabilitiesSubject, 5*time.Second)
 	if err != nil || len(caps) != 2 {
 		t.Fatalf("capabilities: %d answers, %v", len(caps), err)
 	}

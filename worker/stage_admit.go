@@ -6,8 +6,8 @@ import (
 	"strings"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/auth"
-	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // errNotJetStream is a message without JetStream metadata: nothing to reply to, nothing to
@@ -27,7 +27,7 @@ func (r *run) admit(ctx context.Context) error {
 	hdr := r.msg.Headers()
 	r.derived = derivedRunID(w.opt.Topology.RequestsStream, meta.Sequence.Stream, *w.requestsEpoch.Load())
 	r.runID, r.recordID = r.derived, r.derived
-	if id := hdr.Get(HeaderRunID); id != "" && ValidRunID(id) {
+	if id := hdr.Get(wire.HeaderRunID); id != "" && ValidRunID(id) {
 		r.runID, r.recordID = id, id
 	}
 	r.log = w.log.With().Str("run_id", r.runID).Uint64("stream_seq", meta.Sequence.Stream).Uint64("delivery", meta.NumDelivered).Logger()
@@ -46,7 +46,7 @@ func (r *run) admit(ctx context.Context) error {
 		identity.Subject = r.msg.Subject()
 	}
 	r.identity = identity
-	r.replyTo = hdr.Get(HeaderReplyTo)
+	r.replyTo = hdr.Get(wire.HeaderReplyTo)
 	if aerr != nil && identity.Kind == "" {
 		// Nobody verified sent this: answering it would let anyone make the worker publish a
 		// reply, with a run id of their choosing, to a subject of their choosing. The refusal
@@ -66,8 +66,8 @@ func (r *run) admit(ctx context.Context) error {
 		return aerr
 	}
 	r.log = r.log.With().Str("caller", identity.Caller).Logger()
-	if id := hdr.Get(HeaderRunID); id != "" && !ValidRunID(id) {
-		return contract.Errorf(contract.CodeInvalidInput, "%s: must be 1–128 of A-Za-z0-9._:- (got %d bytes); the run was recorded as %s", HeaderRunID, len(id), r.derived)
+	if id := hdr.Get(wire.HeaderRunID); id != "" && !ValidRunID(id) {
+		return contract.Errorf(contract.CodeInvalidInput, "%s: must be 1–128 of A-Za-z0-9._:- (got %d bytes); the run was recorded as %s", wire.HeaderRunID, len(id), r.derived)
 	}
 	return r.admitBatch()
 }
@@ -76,19 +76,19 @@ func (r *run) admit(ctx context.Context) error {
 // sys1.batch.<caller>.<batch id> with run id <batch id>:<item id>; anything else there is
 // refused (and recorded under the derived id, so it cannot overwrite a real run's record).
 func (r *run) admitBatch() error {
-	rest, ok := strings.CutPrefix(r.msg.Subject(), topology.BatchPrefix)
+	rest, ok := strings.CutPrefix(r.msg.Subject(), wire.BatchPrefix)
 	if !ok {
 		return nil
 	}
 	_, batchID, _ := strings.Cut(rest, ".")
 	if batchID == "" || strings.Contains(batchID, ".") {
 		r.recordID = r.derived
-		return contract.Errorf(contract.CodeInvalidInput, "batch requests go to %s<caller>.<batch id>, not %q", topology.BatchPrefix, echo(r.msg.Subject()))
+		return contract.Errorf(contract.CodeInvalidInput, "batch requests go to %s<caller>.<batch id>, not %q", wire.BatchPrefix, echo(r.msg.Subject()))
 	}
 	item, ok := strings.CutPrefix(r.runID, batchID+":")
 	if !ok || item == "" || r.runID == r.derived {
 		r.recordID = r.derived
-		return contract.Errorf(contract.CodeInvalidInput, "%s: a batch item's run id is <batch id>:<item id> (%s:…), got %q", HeaderRunID, batchID, echo(r.runID))
+		return contract.Errorf(contract.CodeInvalidInput, "%s: a batch item's run id is <batch id>:<item id> (%s:…), got %q", wire.HeaderRunID, batchID, echo(r.runID))
 	}
 	r.batchID, r.itemID = batchID, item
 	return nil

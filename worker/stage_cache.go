@@ -6,12 +6,10 @@ import (
 	"time"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/cache"
 	"github.com/sys1hq/sys1/worker/topology"
 )
-
-// Sys1-Cache: a producer allows an answer from the exact result cache up to that age.
-const HeaderCache = cache.Header
 
 // cacheLookup answers the run from the exact result cache when its caller opted in (the
 // limits file's cache: or Sys1-Cache, never longer than the rule) and the same request went
@@ -24,7 +22,7 @@ func (r *run) cacheLookup(ctx context.Context) error {
 		return nil
 	}
 	rule, _ := w.limitsNow().Match(r.identity.Caller)
-	age, cerr := cache.MaxAge(rule, r.msg.Headers().Get(HeaderCache), w.cfg.CacheMaxTTL)
+	age, cerr := cache.MaxAge(rule, r.msg.Headers().Get(wire.HeaderCache), w.cfg.CacheMaxTTL)
 	if cerr != nil {
 		return cerr
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/policy"
 )
 
@@ -14,7 +15,7 @@ import (
 func (r *run) prepare(context.Context) error {
 	w := r.w
 	hdr := r.msg.Headers()
-	deadline, set, err := parseDeadline(hdr.Get(HeaderDeadline))
+	deadline, set, err := parseDeadline(hdr.Get(wire.HeaderDeadline))
 	if err != nil {
 		return contract.Errorf(contract.CodeInvalidInput, "%v", err)
 	}
@@ -35,7 +36,7 @@ func (r *run) prepare(context.Context) error {
 	if w.opt.Abstention != nil {
 		// A producer may tighten its thresholds for this request; a bad value is refused
 		// before the model is called. Without a policy the header means nothing.
-		if r.minConfidence, cerr = policy.ParseMinConfidence(hdr.Get(HeaderMinConfidence)); cerr != nil {
+		if r.minConfidence, cerr = policy.ParseMinConfidence(hdr.Get(wire.HeaderMinConfidence)); cerr != nil {
 			return cerr
 		}
 	}

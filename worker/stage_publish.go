@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/topology"
 	"github.com/sys1hq/sys1/worker/tracing"
 )
@@ -107,7 +108,7 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 	if limit := r.w.storeLimit(); len(record) > limit || len(reply) > limit {
 		return fmt.Errorf("outcome of %d + %d bytes: %w", len(record), len(reply), errTooLarge)
 	}
-	subject := topology.RunsPrefix + string(status)
+	subject := wire.RunsPrefix + string(status)
 	if r.state != nil {
 		st := *r.state
 		st.Status, st.Attempts = runDone, r.attempts
@@ -236,8 +237,8 @@ func (r *run) rebuildRecord(st *runState) ([]byte, error) {
 func (r *run) sendRecord(ctx context.Context, subject string, record []byte, status contract.Status) error {
 	err := r.store(ctx, "publish the record", r.w.opt.Topology.RunsStream, func(ctx context.Context) error {
 		rm := &nats.Msg{Subject: subject, Data: record, Header: nats.Header{}}
-		rm.Header.Set(HeaderRunID, r.recordID)
-		rm.Header.Set(HeaderStatus, string(status))
+		rm.Header.Set(wire.HeaderRunID, r.recordID)
+		rm.Header.Set(wire.HeaderStatus, string(status))
 		tracing.Inject(ctx, rm.Header) // the sink links its insert to the run's trace
 		_, err := r.w.opt.JS.PublishMsg(ctx, rm, jetstream.WithMsgID("record:"+r.recordID))
 		return err
@@ -255,10 +256,10 @@ func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Statu
 		return nil
 	}
 	m := &nats.Msg{Subject: r.replyTo, Data: reply, Header: nats.Header{}}
-	m.Header.Set(HeaderRunID, r.runID)
-	m.Header.Set(HeaderStatus, string(status))
+	m.Header.Set(wire.HeaderRunID, r.runID)
+	m.Header.Set(wire.HeaderStatus, string(status))
 	if status := reviewStatus(reply); status != "" {
-		m.Header.Set(HeaderReview, status) // pending, or reviewed once a held run is released
+		m.Header.Set(wire.HeaderReview, status) // pending, or reviewed once a held run is released
 	}
 	if status == contract.StatusFailed {
 		var env struct {
@@ -267,10 +268,10 @@ func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Statu
 			} `json:"error"`
 		}
 		if json.Unmarshal(reply, &env) == nil && env.Error.Code != "" {
-			m.Header.Set(HeaderErrorCode, env.Error.Code)
+			m.Header.Set(wire.HeaderErrorCode, env.Error.Code)
 		}
 	}
-	if strings.HasPrefix(r.replyTo, topology.RepliesPrefix) {
+	if strings.HasPrefix(r.replyTo, wire.RepliesPrefix) {
 		err := r.store(ctx, "publish the durable reply", r.w.opt.Topology.RepliesStream, func(ctx context.Context) error {
 			_, err := r.w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("reply:"+r.recordID))
 			return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -261,7 +262,7 @@ func (w *Worker) countExtras(ctx context.Context) map[string]uint64 {
 		return nil
 	}
 	out := map[string]uint64{}
-	for _, filter := range []string{topology.DecidePrefix + "*.>", topology.BatchSubjects} {
+	for _, filter := range []string{wire.DecidePrefix + "*.>", wire.BatchSubjects} {
 		info, err := s.Info(sctx, jetstream.WithSubjectFilter(filter))
 		if err != nil {
 			return nil
@@ -286,9 +287,9 @@ func (w *Worker) countAtLimit(ctx context.Context) map[string]int {
 		kind, stream, filter string
 		quota                int
 	}{
-		{metrics.QuotaRequests, t.RequestsStream, topology.DecidePrefix + "*", t.RequestsPerCaller},
-		{metrics.QuotaReview, t.ReviewStream, topology.ReviewPrefix + "*", t.ReviewPerCaller},
-		{metrics.QuotaLabels, t.LabelSubmissionsStream, topology.LabelsSubmitted, t.LabelsPerCaller},
+		{metrics.QuotaRequests, t.RequestsStream, wire.DecidePrefix + "*", t.RequestsPerCaller},
+		{metrics.QuotaReview, t.ReviewStream, wire.ReviewPrefix + "*", t.ReviewPerCaller},
+		{metrics.QuotaLabels, t.LabelSubmissionsStream, wire.LabelsSubmitted, t.LabelsPerCaller},
 	} {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		s, err := w.opt.JS.Stream(sctx, q.stream)
@@ -337,6 +338,6 @@ func (w *Worker) overQuota(token string) (uint64, bool) {
 // primarySubject reports whether subject is the caller's own sys1.decide.<caller>, the one
 // JetStream's per-subject limit bounds exactly.
 func primarySubject(subject string) bool {
-	rest, ok := strings.CutPrefix(subject, topology.DecidePrefix)
+	rest, ok := strings.CutPrefix(subject, wire.DecidePrefix)
 	return ok && rest != "" && !strings.Contains(rest, ".")
 }

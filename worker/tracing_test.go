@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/worker"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/tracing/otlp"
 )
@@ -149,8 +149,8 @@ func (h *harness) publishWithHeaders(runID string, hdr nats.Header) *client.Repl
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	m := &nats.Msg{Subject: "sys1.decide.svc-a", Data: []byte(ticket), Header: hdr}
-	m.Header.Set(worker.HeaderRunID, runID)
-	m.Header.Set(worker.HeaderReplyTo, inbox)
+	m.Header.Set(wire.HeaderRunID, runID)
+	m.Header.Set(wire.HeaderReplyTo, inbox)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := h.js.PublishMsg(ctx, m); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider"
 	"github.com/sys1hq/sys1/provider/ollamatest"
 	"github.com/sys1hq/sys1/worker"
@@ -66,10 +67,10 @@ func TestDecisionEndToEndAllTypes(t *testing.T) {
 	if rep.Status != contract.StatusSuccess || rep.Error != nil {
 		t.Fatalf("status %s, error %+v; reply %s", rep.Status, rep.Error, rep.Raw)
 	}
-	if got := rep.Header.Get(worker.HeaderRunID); got != "ticket-1" {
+	if got := rep.Header.Get(wire.HeaderRunID); got != "ticket-1" {
 		t.Errorf("reply Sys1-Run-Id = %q", got)
 	}
-	if got := rep.Header.Get(worker.HeaderStatus); got != "success" {
+	if got := rep.Header.Get(wire.HeaderStatus); got != "success" {
 		t.Errorf("reply Sys1-Status = %q", got)
 	}
 	if got := answerNames(t, rep.Raw); strings.Join(got, ",") != "label,urgent,anger" {
@@ -207,7 +208,7 @@ func TestPermanentErrorsAnswerAtOnce(t *testing.T) {
 			if rep.Status != contract.StatusFailed || rep.Error == nil || string(rep.Error.Code) != c.code || rep.Error.Status != c.status {
 				t.Fatalf("reply %s", rep.Raw)
 			}
-			if rep.Header.Get(worker.HeaderErrorCode) != c.code || rep.Header.Get(worker.HeaderStatus) != "failed" {
+			if rep.Header.Get(wire.HeaderErrorCode) != c.code || rep.Header.Get(wire.HeaderStatus) != "failed" {
 				t.Errorf("reply headers %v", rep.Header)
 			}
 			if !strings.HasPrefix(rep.Error.Message, "["+c.code+"] ") || !strings.Contains(rep.Error.Message, c.msg) {
@@ -701,7 +702,7 @@ func TestFireAndForgetAndDurableReplies(t *testing.T) {
 			return false
 		}
 		m, err := s.GetLastMsgForSubject(ctx, "sys1.replies.svc-a.inbox")
-		return err == nil && m.Header.Get(worker.HeaderRunID) == "dur-1"
+		return err == nil && m.Header.Get(wire.HeaderRunID) == "dur-1"
 	})
 	// Reply subjects that would loop or forge records are refused, never written to.
 	rep := func(subject string) {

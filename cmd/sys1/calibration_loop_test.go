@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/sink/chtest"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
@@ -74,7 +75,7 @@ func TestCalibrationLoopEndToEnd(t *testing.T) {
 		Temperature float64 `json:"temperature"`
 	}
 	natstest.WaitFor(t, 20*time.Second, "the fit on the replica", func() bool {
-		caps, err := worker.AskFleet(ctx, nc, worker.CapabilitiesSubject, time.Second)
+		caps, err := worker.AskFleet(ctx, nc, wire.CapabilitiesSubject, time.Second)
 		var c worker.Capabilities
 		if err != nil || len(caps) != 1 || json.Unmarshal(caps[0], &c) != nil || len(c.Calibration) != 1 {
 			return false

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/sink/chtest"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/calibration"
@@ -143,7 +144,7 @@ func TestRiskControlEndToEnd(t *testing.T) {
 	})
 	// Capabilities show the threshold the replica decides by.
 	natstest.WaitFor(t, 20*time.Second, "the risk threshold in the replica's capabilities", func() bool {
-		caps, err := worker.AskFleet(ctx, nc, worker.CapabilitiesSubject, time.Second)
+		caps, err := worker.AskFleet(ctx, nc, wire.CapabilitiesSubject, time.Second)
 		var c worker.Capabilities
 		if err != nil || len(caps) != 1 || json.Unmarshal(caps[0], &c) != nil {
 			return false

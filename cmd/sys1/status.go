@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/budget"
@@ -75,7 +76,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return code
 	}
 	defer conn.Close()
-	answers, err := worker.AskFleet(ctx, conn.NC, worker.HealthSubject, *wait)
+	answers, err := worker.AskFleet(ctx, conn.NC, wire.HealthSubject, *wait)
 	if err != nil {
 		fmt.Fprintf(stderr, "sys1 status: %v\n", err)
 		return exitUsage
@@ -142,7 +143,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // callerUses reads the limits the replicas enforce (their capabilities) and every counted
 // caller's use against them (KV sys1-limits).
 func callerUses(ctx context.Context, conn *natsconn.Conn, topo topology.Config, wait time.Duration) ([]callerUse, error) {
-	caps, err := worker.AskFleet(ctx, conn.NC, worker.CapabilitiesSubject, wait)
+	caps, err := worker.AskFleet(ctx, conn.NC, wire.CapabilitiesSubject, wait)
 	if err != nil || len(caps) == 0 {
 		return []callerUse{}, err
 	}

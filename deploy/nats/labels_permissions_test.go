@@ -23,6 +23,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/examples"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider/ollama"
 	"github.com/sys1hq/sys1/provider/ollamatest"
 	"github.com/sys1hq/sys1/worker"
@@ -162,7 +163,7 @@ func TestPermissionsForLabelsAndReview(t *testing.T) {
 		t.Fatal(err)
 	}
 	lm := &nats.Msg{Subject: "sys1.labels.svc-a", Data: []byte(`{"run_id":"perm-1","question":"refund_requested","label":false}`), Header: nats.Header{}}
-	lm.Header.Set(worker.HeaderReplyTo, labelInbox)
+	lm.Header.Set(wire.HeaderReplyTo, labelInbox)
 	pjs, _ := jetstream.New(pnc)
 	if _, err := pjs.PublishMsg(ctx, lm); err != nil {
 		t.Fatalf("svc-a label: %v", err)

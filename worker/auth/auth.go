@@ -23,6 +23,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -74,11 +75,11 @@ func New(ctx context.Context, cfg Config, log zerolog.Logger) (Authenticator, er
 	}
 	switch cfg.Mode {
 	case ModeNone:
-		log.Warn().Str("caller_from", topology.DecidePrefix+"<caller>").
+		log.Warn().Str("caller_from", wire.DecidePrefix+"<caller>").
 			Msg("SYS1_AUTH_MODE=none is for development only: every request is accepted, its caller taken from the subject without any check (caller_kind anonymous)")
 		return noneAuth{}, nil
 	case ModeSubject:
-		log.Info().Str("caller_from", topology.DecidePrefix+"<caller>").
+		log.Info().Str("caller_from", wire.DecidePrefix+"<caller>").
 			Msg("callers are taken from the request subject; the NATS server's per-user publish permissions must make it unforgeable (see deploy/nats)")
 		return subjectAuth{}, nil
 	default:
@@ -168,10 +169,10 @@ func CheckReplyTo(id Identity, replyTo string, policy ReplyPolicy) *contract.Err
 			return nil
 		}
 		ns = inboxPrefix
-	case strings.HasPrefix(replyTo, topology.RepliesPrefix):
-		ns = topology.RepliesPrefix
+	case strings.HasPrefix(replyTo, wire.RepliesPrefix):
+		ns = wire.RepliesPrefix
 	default:
-		return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: %q must start with %s or %s", truncate(replyTo, 64), inboxPrefix, topology.RepliesPrefix)
+		return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: %q must start with %s or %s", truncate(replyTo, 64), inboxPrefix, wire.RepliesPrefix)
 	}
 	// Replies stay in the namespace of the subject the request came on: its caller token,
 	// which the NATS permissions tie to the producer's NATS user (the caller itself in mode
@@ -188,7 +189,7 @@ func CheckReplyTo(id Identity, replyTo string, policy ReplyPolicy) *contract.Err
 		return contract.Errorf(contract.CodeInvalidInput, "Sys1-Reply-To: replies need a caller token in the request subject")
 	}
 	own := ns + token
-	if (ns == topology.RepliesPrefix && replyTo == own) || strings.HasPrefix(replyTo, own+".") {
+	if (ns == wire.RepliesPrefix && replyTo == own) || strings.HasPrefix(replyTo, own+".") {
 		return nil
 	}
 	return contract.Errorf(contract.CodeForbidden, "Sys1-Reply-To: %q is outside the caller's reply subjects %s.>", truncate(replyTo, 64), own)

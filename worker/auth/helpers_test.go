@@ -22,6 +22,7 @@ import (
 	"github.com/lestrrat-go/jwx/v3/jwt"
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
+
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 

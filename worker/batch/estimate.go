@@ -7,14 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-)
 
-// Subjects of the replicas' NATS micro service "sys1".
-const (
-	CapabilitiesSubject = "sys1.svc.capabilities"
-	// pingSubject: every instance of the micro service answers, whatever its endpoints' queue
-	// groups, so it counts the replicas even when capabilities reaches only one of them.
-	pingSubject = "$SRV.PING.sys1"
+	"github.com/sys1hq/sys1/contract/wire"
 )
 
 // Estimate is how long a batch should take, from what the replicas report.
@@ -67,7 +61,7 @@ func (c capability) latency() (float64, bool) {
 func EstimateDuration(ctx context.Context, nc *nats.Conn, items int, wait time.Duration) Estimate {
 	var est Estimate
 	ids := map[string]bool{}
-	for _, m := range gather(ctx, nc, pingSubject, wait) {
+	for _, m := range gather(ctx, nc, wire.PingSubject, wait) {
 		var p struct {
 			ID string `json:"id"`
 		}
@@ -75,7 +69,7 @@ func EstimateDuration(ctx context.Context, nc *nats.Conn, items int, wait time.D
 			ids[p.ID] = true
 		}
 	}
-	caps := gather(ctx, nc, CapabilitiesSubject, wait)
+	caps := gather(ctx, nc, wire.CapabilitiesSubject, wait)
 	var perSecond, latencySum float64
 	var conc, concOnly int
 	seen := map[string]bool{}
@@ -107,7 +101,7 @@ func EstimateDuration(ctx context.Context, nc *nats.Conn, items int, wait time.D
 	est.Replicas = max(len(ids), len(seen), len(caps))
 	switch {
 	case est.Replicas == 0:
-		est.Unavailable = "no replica answered " + CapabilitiesSubject + " (no worker, or one without the capabilities endpoint): no estimate is possible"
+		est.Unavailable = "no replica answered " + wire.CapabilitiesSubject + " (no worker, or one without the capabilities endpoint): no estimate is possible"
 		return est
 	case est.Reporting == 0 && concOnly > 0:
 		est.Unavailable = fmt.Sprintf("%d replica(s) found; their capabilities give their concurrency but not their recent provider latency (provider_latency_ms): no estimate is possible", est.Replicas)

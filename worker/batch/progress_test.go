@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/batch"
 )
 
@@ -113,7 +114,7 @@ func TestBatchEstimate(t *testing.T) {
 		rnc := d.client(t, "sys1-worker")
 		rnc.Subscribe("$SRV.PING.sys1", func(m *nats.Msg) { m.Respond([]byte(`{"name":"sys1","id":"` + id + `"}`)) })
 		// A queue group, as NATS micro endpoints have by default: one replica answers.
-		rnc.QueueSubscribe(batch.CapabilitiesSubject, "q", func(m *nats.Msg) { m.Respond([]byte(caps)) })
+		rnc.QueueSubscribe(wire.CapabilitiesSubject, "q", func(m *nats.Msg) { m.Respond([]byte(caps)) })
 		rnc.Flush()
 	}
 	replica("r1", `{"replica":"r1","version":"dev"}`)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -30,9 +31,8 @@ const (
 	// cancelledResend is how soon an unanswered item of a cancelled batch is published again:
 	// 'sys1 batch cancel' purges the stream twice (see Cancel), and a deadline-passed request
 	// costs the worker no provider call, so there is nothing to wait for.
-	cancelledResend   = 2 * time.Second
-	DefaultRunsBucket = "sys1-runs"
-	maxResendBackoff  = 16 // a re-sent item waits at most 16× the base before the next
+	cancelledResend  = 2 * time.Second
+	maxResendBackoff = 16 // a re-sent item waits at most 16× the base before the next
 )
 
 // ErrNoStream means nothing stores requests on the batch subject: no worker has created the
@@ -85,7 +85,7 @@ func (c *RunConfig) defaults() {
 	}
 	c.Publishers = min(c.Publishers, c.InFlight)
 	if c.RunsBucket == "" {
-		c.RunsBucket = DefaultRunsBucket
+		c.RunsBucket = wire.RunsBucket
 	}
 	if c.CancelPoll == 0 {
 		c.CancelPoll = DefaultCancelPoll
@@ -112,7 +112,7 @@ type Progress struct {
 func (p Progress) Done() int { return p.Succeeded + p.Failed + p.Invalid + p.Cancelled }
 
 // Subject is where a batch's requests are published.
-func Subject(caller, batchID string) string { return topology.BatchPrefix + caller + "." + batchID }
+func Subject(caller, batchID string) string { return wire.BatchPrefix + caller + "." + batchID }
 
 type slot struct {
 	e          Entry
@@ -412,12 +412,12 @@ func mustJSON(e *contract.Error) []byte {
 // worker/batch_manifest.go). Its message id is derived from its content, so running the batch
 // again stores it once.
 func (r *runner) manifest() *nats.Msg {
-	m := nats.NewMsg(topology.DecidePrefix + r.cfg.Caller)
+	m := nats.NewMsg(wire.DecidePrefix + r.cfg.Caller)
 	m.Data, _ = json.Marshal(worker.BatchManifest{BatchID: r.cfg.BatchID, Items: r.plan.Entries, Invalid: r.plan.Invalid})
-	m.Header.Set(worker.HeaderBatchManifest, "1")
-	m.Header.Set(worker.HeaderMsgID, fmt.Sprintf("manifest:%s:%d:%d", r.cfg.BatchID, r.plan.Entries, r.plan.Invalid))
+	m.Header.Set(wire.HeaderBatchManifest, "1")
+	m.Header.Set(wire.HeaderMsgID, fmt.Sprintf("manifest:%s:%d:%d", r.cfg.BatchID, r.plan.Entries, r.plan.Invalid))
 	if r.cfg.Token != "" {
-		m.Header.Set(client.HeaderAuthorization, "Bearer "+r.cfg.Token)
+		m.Header.Set(wire.HeaderAuthorization, "Bearer "+r.cfg.Token)
 	}
 	return m
 }
@@ -435,22 +435,22 @@ func (r *runner) send(s *slot) {
 	}
 	m := nats.NewMsg(r.subject)
 	m.Data = s.e.Body
-	m.Header.Set(worker.HeaderRunID, s.runID)
+	m.Header.Set(wire.HeaderRunID, s.runID)
 	// A Nats-Msg-Id per publish, not the run id: the run-id gate de-duplicates runs, while a
 	// stream-level duplicate of a killed invocation's message (inside the 2-minute window)
 	// would be dropped and its reply would go to the dead invocation's inbox. The same id is
 	// kept while one publish is retried, so a lost ack cannot store it twice.
-	m.Header.Set(worker.HeaderMsgID, s.runID+"/"+r.session+"/"+strconv.Itoa(s.sends))
-	m.Header.Set(worker.HeaderReplyTo, r.inbox+"."+strconv.Itoa(s.e.Ord))
+	m.Header.Set(wire.HeaderMsgID, s.runID+"/"+r.session+"/"+strconv.Itoa(s.sends))
+	m.Header.Set(wire.HeaderReplyTo, r.inbox+"."+strconv.Itoa(s.e.Ord))
 	deadline := r.cfg.Deadline
 	if !r.cancelAt.IsZero() && (deadline.IsZero() || r.cancelAt.Before(deadline)) {
 		deadline = r.cancelAt
 	}
 	if !deadline.IsZero() {
-		m.Header.Set(worker.HeaderDeadline, deadline.UTC().Format(time.RFC3339Nano))
+		m.Header.Set(wire.HeaderDeadline, deadline.UTC().Format(time.RFC3339Nano))
 	}
 	if r.cfg.Token != "" {
-		m.Header.Set(client.HeaderAuthorization, "Bearer "+r.cfg.Token)
+		m.Header.Set(wire.HeaderAuthorization, "Bearer "+r.cfg.Token)
 	}
 	r.pending = append(r.pending, pubJob{ord: s.e.Ord, msg: m})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -242,7 +243,7 @@ func streamFilter(caller, batchID string) string {
 	if caller == "" {
 		caller = "*"
 	}
-	return topology.BatchPrefix + caller + "." + batchID
+	return wire.BatchPrefix + caller + "." + batchID
 }
 
 // inStream counts the stream's messages on filter.

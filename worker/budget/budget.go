@@ -57,6 +57,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
+
 	"github.com/sys1hq/sys1/worker/limits"
 )
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/examples"
 	"github.com/sys1hq/sys1/provider/simulator"

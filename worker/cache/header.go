@@ -6,11 +6,9 @@ import (
 	"time"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/limits"
 )
-
-// Header is the request header with which a producer allows a cached answer up to an age.
-const Header = "Sys1-Cache"
 
 // MaxAge is the oldest cached answer a request may be given, and the TTL its own answer is
 // stored with; 0 means the request does not use the cache at all. It combines the caller's
@@ -52,7 +50,7 @@ func ParseHeader(v string) (age time.Duration, given bool, _ *contract.Error) {
 		return 0, false, nil
 	}
 	bad := func(why string) *contract.Error {
-		return contract.Errorf(contract.CodeInvalidInput, "%s: %s %s (like 24h or 90m, or 0 for no cache)", Header, quoteClipped(v), why)
+		return contract.Errorf(contract.CodeInvalidInput, "%s: %s %s (like 24h or 90m, or 0 for no cache)", wire.HeaderCache, quoteClipped(v), why)
 	}
 	if s == "0" || strings.EqualFold(s, "off") {
 		return 0, true, nil

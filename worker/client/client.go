@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/topology"
 	"github.com/sys1hq/sys1/worker/tracing"
 )
@@ -158,12 +159,12 @@ func (r Request) message(runID, replyTo string) (*nats.Msg, error) {
 			m.Header.Add(k, v)
 		}
 	}
-	m.Header.Set(HeaderRunID, runID)
+	m.Header.Set(wire.HeaderRunID, runID)
 	if r.MinConfidence > 0 {
-		m.Header.Set(HeaderMinConfidence, strconv.FormatFloat(r.MinConfidence, 'f', -1, 64))
+		m.Header.Set(wire.HeaderMinConfidence, strconv.FormatFloat(r.MinConfidence, 'f', -1, 64))
 	}
 	if r.Cache > 0 {
-		m.Header.Set(HeaderCache, r.Cache.String())
+		m.Header.Set(wire.HeaderCache, r.Cache.String())
 	}
 	if r.MsgID != "" {
 		m.Header.Set(nats.MsgIdHdr, r.MsgID)
@@ -171,13 +172,13 @@ func (r Request) message(runID, replyTo string) (*nats.Msg, error) {
 		m.Header.Set(nats.MsgIdHdr, runID)
 	}
 	if replyTo != "" {
-		m.Header.Set(HeaderReplyTo, replyTo)
+		m.Header.Set(wire.HeaderReplyTo, replyTo)
 	}
 	if !r.Deadline.IsZero() {
-		m.Header.Set(HeaderDeadline, r.Deadline.UTC().Format(time.RFC3339Nano))
+		m.Header.Set(wire.HeaderDeadline, r.Deadline.UTC().Format(time.RFC3339Nano))
 	}
 	if r.Token != "" {
-		m.Header.Set(HeaderAuthorization, "Bearer "+r.Token)
+		m.Header.Set(wire.HeaderAuthorization, "Bearer "+r.Token)
 	}
 	return m, nil
 }

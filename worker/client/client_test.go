@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -89,10 +90,10 @@ func TestDecideTakesTheReplyUnderAnotherRunID(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A stand-in worker: answers every request under a derived run id.
-	worker, err := nc.Subscribe(topology.DecideSubjects, func(m *nats.Msg) {
-		r := nats.NewMsg(m.Header.Get(client.HeaderReplyTo))
-		r.Header.Set(client.HeaderRunID, "SYS1_REQUESTS~1")
-		r.Header.Set(client.HeaderStatus, "failed")
+	worker, err := nc.Subscribe(wire.DecideSubjects, func(m *nats.Msg) {
+		r := nats.NewMsg(m.Header.Get(wire.HeaderReplyTo))
+		r.Header.Set(wire.HeaderRunID, "SYS1_REQUESTS~1")
+		r.Header.Set(wire.HeaderStatus, "failed")
 		r.Data = []byte(`{"run_id":"SYS1_REQUESTS~1","status":"failed","result":null,"error":{"code":"SYS1_INVALID_INPUT","message":"[SYS1_INVALID_INPUT] Sys1-Run-Id: bad","status":400},"attempts":[],"queued_ms":0,"latency_ms":0}`)
 		_ = nc.PublishMsg(r)
 	})
@@ -147,9 +148,9 @@ func TestDecideWithoutPermissionForItsInbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A stand-in worker answering every request on its reply subject.
-	worker, err := admin.Subscribe(topology.DecideSubjects, func(m *nats.Msg) {
-		r := nats.NewMsg(m.Header.Get(client.HeaderReplyTo))
-		r.Data = []byte(`{"run_id":"` + m.Header.Get(client.HeaderRunID) + `","status":"success","result":null,"error":null,"attempts":[],"queued_ms":0,"latency_ms":0}`)
+	worker, err := admin.Subscribe(wire.DecideSubjects, func(m *nats.Msg) {
+		r := nats.NewMsg(m.Header.Get(wire.HeaderReplyTo))
+		r.Data = []byte(`{"run_id":"` + m.Header.Get(wire.HeaderRunID) + `","status":"success","result":null,"error":null,"attempts":[],"queued_ms":0,"latency_ms":0}`)
 		_ = admin.PublishMsg(r)
 	})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider/simulator"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
@@ -55,7 +56,7 @@ func ExampleClient_Decide() {
 		fmt.Println("failed:", reply.Error.Code) // e.g. SYS1_INVALID_INPUT, SYS1_PROVIDER_BUSY
 		return
 	}
-	fmt.Println(reply.RunID, reply.Status, reply.Result.Provider, reply.Header.Get(client.HeaderStatus))
+	fmt.Println(reply.RunID, reply.Status, reply.Result.Provider, reply.Header.Get(wire.HeaderStatus))
 	// Output: ticket-48213 success simulator success
 }
 

@@ -18,7 +18,7 @@
 // Scheduler gives. Flows are found three ways:
 //
 //   - arrivals: the stream republishes the headers of every message it stores on
-//     sys1.arrivals.<subject> (topology.ArrivalsPrefix), so an idle replica learns of a
+//     sys1.arrivals.<subject> (wire.ArrivalsPrefix), so an idle replica learns of a
 //     caller's first request the moment it is stored;
 //   - retries: a delivery the worker hands back with a delay wakes its flow when the delay
 //     has passed;

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/fair"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -36,8 +37,8 @@ func newLaneEnv(t *testing.T, l topology.Lane, weight func(string) int, follow b
 	e := &laneEnv{nc: nc, js: js, topo: topo,
 		lane: fair.NewLane(fair.LaneConfig{Lane: l, Topology: topo, JS: js, Weight: weight, Log: zerolog.Nop()})}
 	if follow {
-		sub, err := nc.Subscribe(topology.ArrivalsSubjects, func(m *nats.Msg) {
-			if f, ok := topology.FlowOf(strings.TrimPrefix(m.Subject, topology.ArrivalsPrefix)); ok {
+		sub, err := nc.Subscribe(wire.ArrivalsSubjects, func(m *nats.Msg) {
+			if f, ok := topology.FlowOf(strings.TrimPrefix(m.Subject, wire.ArrivalsPrefix)); ok {
 				e.lane.Notify(f)
 			}
 		})

@@ -7,8 +7,9 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/sys1hq/sys1/worker/livefile"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sys1hq/sys1/worker/livefile"
 )
 
 // Rule is one entry of the limits file: the limits of every caller its glob matches. A zero

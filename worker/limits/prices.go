@@ -4,9 +4,10 @@ import (
 	"sort"
 	"strings"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/livefile"
-	"go.yaml.in/yaml/v3"
 )
 
 // Price is what one model costs, in USD.

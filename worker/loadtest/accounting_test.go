@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/client"
 )
 
@@ -22,7 +23,7 @@ const successReply = `{"status":"success","queued_ms":3,"attempts":[{"latency_ms
 func replyMsg(runID, body string) *nats.Msg {
 	m := &nats.Msg{Subject: "_INBOX.x", Data: []byte(body), Header: nats.Header{}}
 	if runID != "" {
-		m.Header.Set(client.HeaderRunID, runID)
+		m.Header.Set(wire.HeaderRunID, runID)
 	}
 	return m
 }

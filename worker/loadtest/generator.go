@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/client"
 )
 
@@ -384,7 +385,7 @@ type replyView struct {
 
 func (g *generator) onReply(msg *nats.Msg) {
 	now := time.Now()
-	runID := msg.Header.Get(client.HeaderRunID)
+	runID := msg.Header.Get(wire.HeaderRunID)
 
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+
 	"github.com/sys1hq/sys1/contract"
 )
 

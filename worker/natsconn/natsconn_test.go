@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"github.com/rs/zerolog"
+
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 

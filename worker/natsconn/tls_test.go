@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
+
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 

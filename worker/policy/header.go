@@ -5,10 +5,8 @@ import (
 	"strings"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 )
-
-// HeaderMinConfidence is the request header with which a producer tightens its thresholds.
-const HeaderMinConfidence = "Sys1-Min-Confidence"
 
 // ParseMinConfidence parses a Sys1-Min-Confidence value: a decimal number in [0, 1] such as
 // 0.7. An empty value means none and returns 0, as does 0 itself (it tightens nothing). A
@@ -35,7 +33,7 @@ func ParseMinConfidence(v string) (float64, *contract.Error) {
 	}
 	if !ok {
 		return 0, contract.Errorf(contract.CodeInvalidInput,
-			"%s: %s is not a number in [0, 1] (for example 0.7)", HeaderMinConfidence, quoteClipped(v))
+			"%s: %s is not a number in [0, 1] (for example 0.7)", wire.HeaderMinConfidence, quoteClipped(v))
 	}
 	return f, nil
 }

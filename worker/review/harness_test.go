@@ -22,8 +22,8 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
-	"github.com/sys1hq/sys1/worker/topology"
 )
 
 func TestMain(m *testing.M) {
@@ -150,7 +150,7 @@ func (h *harness) publish(it contract.ReviewItem) uint64 {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	return h.publishRaw(topology.ReviewPrefix+it.Caller, b)
+	return h.publishRaw(wire.ReviewPrefix+it.Caller, b)
 }
 
 func (h *harness) publishRaw(subject string, b []byte) uint64 {

@@ -14,8 +14,8 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
-	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // loginFrom signs in with X-Forwarded-For set to addr (as a TLS proxy in front would).
@@ -251,7 +251,7 @@ func TestReviewShowsARunsMessageAndEarlierItems(t *testing.T) {
 	rr := contract.ReviewRun{RunID: "run-two", Caller: "billing", Provider: "ollama", Model: "nimble", State: first.State,
 		Images: []contract.ImageRef{}, CreatedAt: first.CreatedAt, Items: []contract.ReviewItem{first, second}}
 	b, _ := rr.MarshalJSON()
-	h.publishRaw(topology.ReviewPrefix+"billing", b)
+	h.publishRaw(wire.ReviewPrefix+"billing", b)
 	legacy := ticketItem("run-old")
 	h.publish(legacy)
 	for _, id := range []string{first.ID, second.ID, legacy.ID} {
@@ -289,7 +289,7 @@ func TestReviewLabelledMessagesLeaveTheStream(t *testing.T) {
 	rr := contract.ReviewRun{RunID: "run-done", Caller: "billing", Provider: "ollama", Model: "nimble", State: first.State,
 		Images: []contract.ImageRef{}, CreatedAt: first.CreatedAt, Items: []contract.ReviewItem{first, second}}
 	b, _ := rr.MarshalJSON()
-	seq := h.publishRaw(topology.ReviewPrefix+"billing", b)
+	seq := h.publishRaw(wire.ReviewPrefix+"billing", b)
 	other := ticketItem("run-pending")
 	h.publish(other)
 	h.waitIndexed(second.ID)

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -606,7 +607,7 @@ func metaOf(it *contract.ReviewItem, subject string, seq uint64) (*itemMeta, err
 // caller "anonymous", whatever their subject.
 func checkItemSubject(it *contract.ReviewItem, subject string) error {
 	if it.Subject == "" {
-		if subject == topology.ReviewPrefix+it.Caller || it.Caller == contract.LegacyAnonymousCaller {
+		if subject == wire.ReviewPrefix+it.Caller || it.Caller == contract.LegacyAnonymousCaller {
 			return nil
 		}
 		return fmt.Errorf("item claims caller %q but was published on %s", it.Caller, subject)
@@ -699,7 +700,7 @@ func (x *index) consumeItems(ctx context.Context, js jetstream.JetStream, stream
 	if s.CachedInfo().State.Msgs == 0 {
 		x.itemsReady.Store(true)
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{topology.ReviewSubjects}}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{wire.ReviewSubjects}}
 	if from > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
@@ -770,7 +771,7 @@ func (x *index) holdsAfter(ctx context.Context, s jetstream.Stream, seq uint64) 
 		return false // nothing newer, or NATS cannot say now: look again next interval
 	}
 	// The last message may have been deleted by hand: ask for the next item itself.
-	m, err := s.GetMsg(ctx, seq+1, jetstream.WithGetMsgSubject(topology.ReviewSubjects))
+	m, err := s.GetMsg(ctx, seq+1, jetstream.WithGetMsgSubject(wire.ReviewSubjects))
 	return err == nil && m.Sequence > seq
 }
 
@@ -955,7 +956,7 @@ func (c claim) labelSubject() string {
 	if c.Subject != "" {
 		return c.Subject
 	}
-	return topology.LabelsPrefix + c.Label.Caller + "." + topology.LabelAcceptedToken
+	return wire.LabelsPrefix + c.Label.Caller + "." + wire.AcceptedToken
 }
 
 const (

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -96,7 +97,7 @@ func labelValue(it *contract.ReviewItem, value string, none bool) (json.RawMessa
 func (l *labeller) submit(ctx context.Context, it *contract.ReviewItem, token, reviewer string, value json.RawMessage) (contract.Label, error) {
 	lbl := contract.Label{RunID: it.RunID, Question: it.Question, Value: value, Reviewer: reviewer,
 		LabelledAt: l.now().UTC(), Source: contract.LabelSourceReview, Caller: it.Caller, Item: it.ID}
-	subject, err := topology.ReviewLabelSubject(topology.ReviewPrefix + token)
+	subject, err := topology.ReviewLabelSubject(wire.ReviewPrefix + token)
 	if err != nil {
 		return lbl, err
 	}

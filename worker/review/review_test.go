@@ -16,8 +16,8 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
-	"github.com/sys1hq/sys1/worker/topology"
 )
 
 func TestReviewParseUsersNamesEveryBadLine(t *testing.T) {
@@ -304,7 +304,7 @@ func TestReviewLabelIsPublished(t *testing.T) {
 	natstest.WaitFor(t, 10*time.Second, "four labels", func() bool { return len(h.labels()) == 4 })
 	for i, m := range h.labels() {
 		x := items[i]
-		if want := topology.LabelsPrefix + x.it.Caller + ".accepted"; m.Subject != want {
+		if want := wire.LabelsPrefix + x.it.Caller + ".accepted"; m.Subject != want {
 			t.Errorf("subject %s, want %s", m.Subject, want)
 		}
 		if got := m.Header.Get(jetstream.MsgIDHeader); got != "review:"+x.it.ID {

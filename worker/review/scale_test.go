@@ -13,7 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/worker/topology"
+	"github.com/sys1hq/sys1/contract/wire"
 )
 
 // The queue of a hostile producer's making (issue 22): 200,000 pending items under 100,000
@@ -61,7 +61,7 @@ func scaleServer(tb testing.TB, n, distinct int, ingest bool) *Server {
 				Instructions: []byte(`"Is it?"`), Noul: &noul, Confidence: &conf, Mode: contract.ReviewNotify,
 				Verdict: contract.Verdict{Status: contract.VerdictAbstained, Rule: "all", Reason: "confidence below 0.50"}}}}
 		b, _ := rr.MarshalJSON()
-		s.idx.ingestData(topology.ReviewPrefix+caller, uint64(i+1), b)
+		s.idx.ingestData(wire.ReviewPrefix+caller, uint64(i+1), b)
 	}
 	if got := s.idx.counts("").Pending; got != n {
 		tb.Fatalf("%d pending items indexed, want %d", got, n)

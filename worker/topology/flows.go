@@ -20,13 +20,9 @@ import (
 // because their filters never overlap; they do not allow the one shared consumer of all of a
 // lane beside them, so a fleet runs one way or the other (SYS1_FAIR_SHARE).
 
-// ArrivalsPrefix is where the request and label-submission streams republish the headers of
-// every message they store (sys1.arrivals.<original subject>; no body): how an idle replica
-// learns of a new caller at once. Only workers need to read it.
-const (
-	ArrivalsPrefix   = "sys1.arrivals."
-	ArrivalsSubjects = ArrivalsPrefix + ">"
-)
+// The request and label-submission streams republish the headers of every message they
+// store on sys1.arrivals.<original subject> (wire.ArrivalsPrefix; no body): how an idle
+// replica learns of a new caller at once. Only workers need to read it.
 
 // Lane is one kind of work a flow belongs to.
 type Lane string
@@ -51,12 +47,12 @@ func FlowOf(subject string) (Flow, bool) {
 	var lane Lane
 	var rest string
 	switch {
-	case strings.HasPrefix(subject, DecidePrefix):
-		lane, rest = LaneInteractive, subject[len(DecidePrefix):]
-	case strings.HasPrefix(subject, BatchPrefix):
-		lane, rest = LaneBatch, subject[len(BatchPrefix):]
-	case strings.HasPrefix(subject, LabelsPrefix):
-		lane, rest = LaneLabels, subject[len(LabelsPrefix):]
+	case strings.HasPrefix(subject, wire.DecidePrefix):
+		lane, rest = LaneInteractive, subject[len(wire.DecidePrefix):]
+	case strings.HasPrefix(subject, wire.BatchPrefix):
+		lane, rest = LaneBatch, subject[len(wire.BatchPrefix):]
+	case strings.HasPrefix(subject, wire.LabelsPrefix):
+		lane, rest = LaneLabels, subject[len(wire.LabelsPrefix):]
 	default:
 		return Flow{}, false
 	}
@@ -88,11 +84,11 @@ func validToken(s string) bool { return wire.ValidToken(s) }
 func (f Flow) Subjects() []string {
 	switch f.Lane {
 	case LaneBatch:
-		return []string{BatchPrefix + f.Caller + "." + f.Batch}
+		return []string{wire.BatchPrefix + f.Caller + "." + f.Batch}
 	case LaneLabels:
-		return []string{LabelsPrefix + f.Caller}
+		return []string{wire.LabelsPrefix + f.Caller}
 	}
-	return []string{DecidePrefix + f.Caller, DecidePrefix + f.Caller + ".>"}
+	return []string{wire.DecidePrefix + f.Caller, wire.DecidePrefix + f.Caller + ".>"}
 }
 
 // Key names the flow within its lane (the scheduler's flow key).
@@ -166,11 +162,11 @@ func (c Config) LaneStream(l Lane) string {
 func LaneSubjects(l Lane) string {
 	switch l {
 	case LaneBatch:
-		return BatchSubjects
+		return wire.BatchSubjects
 	case LaneLabels:
-		return LabelsSubmitted
+		return wire.LabelsSubmitted
 	}
-	return DecideSubjects
+	return wire.DecideSubjects
 }
 
 // plainToken: letters, digits, '-' and '_' only, as a consumer name may hold anywhere.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -83,7 +84,7 @@ func TestFlowConsumersShareTheWorkQueue(t *testing.T) {
 	if _, err := topology.Ensure(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
-	arrivals, err := nc.SubscribeSync(topology.ArrivalsSubjects)
+	arrivals, err := nc.SubscribeSync(wire.ArrivalsSubjects)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestFlowConsumersShareTheWorkQueue(t *testing.T) {
 		if err != nil {
 			t.Fatalf("no arrival for %s: %v", want, err)
 		}
-		if m.Subject != topology.ArrivalsPrefix+want || len(m.Data) != 0 || m.Header.Get("Nats-Msg-Size") == "" {
+		if m.Subject != wire.ArrivalsPrefix+want || len(m.Data) != 0 || m.Header.Get("Nats-Msg-Size") == "" {
 			t.Fatalf("arrival %s %q %v, want the headers of %s only", m.Subject, m.Data, m.Header, want)
 		}
 	}

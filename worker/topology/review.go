@@ -3,6 +3,8 @@ package topology
 import (
 	"fmt"
 	"strings"
+
+	"github.com/sys1hq/sys1/contract/wire"
 )
 
 // CallerToken returns the caller token of the subjects producers publish on:
@@ -13,13 +15,13 @@ import (
 func CallerToken(subject string) (string, error) {
 	var rest string
 	var ok bool
-	for _, prefix := range []string{DecidePrefix, BatchPrefix, LabelsPrefix} {
+	for _, prefix := range []string{wire.DecidePrefix, wire.BatchPrefix, wire.LabelsPrefix} {
 		if rest, ok = strings.CutPrefix(subject, prefix); ok {
 			break
 		}
 	}
 	if !ok {
-		return "", fmt.Errorf("subject %q is not under %s<caller>, %s<caller> or %s<caller>", subject, DecidePrefix, BatchPrefix, LabelsPrefix)
+		return "", fmt.Errorf("subject %q is not under %s<caller>, %s<caller> or %s<caller>", subject, wire.DecidePrefix, wire.BatchPrefix, wire.LabelsPrefix)
 	}
 	caller, _, _ := strings.Cut(rest, ".")
 	if caller == "" || caller == "*" || caller == ">" || strings.ContainsAny(caller, " \t\r\n") {
@@ -44,14 +46,14 @@ func ReviewSubject(requestSubject string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("review subject: %w", err)
 	}
-	return ReviewPrefix + token, nil
+	return wire.ReviewPrefix + token, nil
 }
 
 // ReviewToken is the token of a review item's subject (sys1.review.<token>).
 func ReviewToken(reviewSubject string) (string, error) {
-	token, ok := strings.CutPrefix(reviewSubject, ReviewPrefix)
+	token, ok := strings.CutPrefix(reviewSubject, wire.ReviewPrefix)
 	if !ok || token == "" || strings.ContainsAny(token, ".*> \t\r\n") {
-		return "", fmt.Errorf("subject %q is not %s<token>", reviewSubject, ReviewPrefix)
+		return "", fmt.Errorf("subject %q is not %s<token>", reviewSubject, wire.ReviewPrefix)
 	}
 	return token, nil
 }
@@ -63,5 +65,5 @@ func ReviewLabelSubject(reviewSubject string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return LabelsPrefix + token + "." + LabelAcceptedToken, nil
+	return wire.LabelsPrefix + token + "." + wire.AcceptedToken, nil
 }

@@ -1,6 +1,10 @@
 package topology
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/sys1hq/sys1/contract/wire"
+)
 
 // TestReviewSubjectRule: a run's review items go to sys1.review.<token> of its request's
 // subject, and reviewers' labels for them to sys1.labels.<token>.accepted, whatever the
@@ -16,7 +20,7 @@ func TestReviewSubjectRule(t *testing.T) {
 			t.Errorf("ReviewSubject(%q) = %q, %v; want %q", request, got, err, want)
 		}
 		label, err := ReviewLabelSubject(got)
-		if wantLabel := "sys1.labels." + want[len(ReviewPrefix):] + ".accepted"; err != nil || label != wantLabel {
+		if wantLabel := "sys1.labels." + want[len(wire.ReviewPrefix):] + ".accepted"; err != nil || label != wantLabel {
 			t.Errorf("ReviewLabelSubject(%q) = %q, %v; want %q", got, label, err, wantLabel)
 		}
 	}

@@ -21,33 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
-)
-
-// Subjects of SPEC §2–§4.
-const (
-	DecidePrefix   = "sys1.decide."  // + <caller>[.<more tokens>]
-	BatchPrefix    = "sys1.batch."   // + <caller>.<batch id>
-	RunsPrefix     = "sys1.runs."    // + <status>
-	RepliesPrefix  = "sys1.replies." // durable replies live under this prefix
-	ReviewPrefix   = "sys1.review."  // + <caller>: review items
-	LabelsPrefix   = "sys1.labels."  // + <caller>: labels submitted; + <caller>.accepted|rejected: checked
-	DecideSubjects = "sys1.decide.>"
-	BatchSubjects  = "sys1.batch.>"
-	RunsSubjects   = "sys1.runs.>"
-	ReplySubjects  = "sys1.replies.>"
-	ReviewSubjects = "sys1.review.>"
-	LabelSubjects  = "sys1.labels.>"
-	// LabelsSubmitted are labels as producers and reviewers send them (one token: the caller);
-	// LabelsAccepted and LabelsRejected are the checked ones, written by workers only.
-	LabelsSubmitted = "sys1.labels.*"
-	LabelsAccepted  = "sys1.labels.*.accepted"
-	LabelsRejected  = "sys1.labels.*.rejected"
-)
-
-// The suffix tokens of checked labels.
-const (
-	LabelAcceptedToken = "accepted"
-	LabelRejectedToken = "rejected"
+	"github.com/sys1hq/sys1/contract/wire"
 )
 
 // Config names every JetStream object and its limits. Defaults are SPEC §2's.
@@ -297,24 +271,24 @@ func validName(s string) bool {
 // Default returns the SPEC §2 defaults (what env parsing yields with nothing set).
 func Default() Config {
 	return Config{
-		RequestsStream: "SYS1_REQUESTS", RunsStream: "SYS1_RUNS", RepliesStream: "SYS1_REPLIES",
-		ReviewStream: "SYS1_REVIEW", LabelsStream: "SYS1_LABELS",
-		WorkerConsumer: "sys1-worker", BatchConsumer: "sys1-worker-batch", SinkConsumer: "sys1-sink",
-		LabelsConsumer: "sys1-labels", SinkLabelsConsumer: "sys1-sink-labels", HoldsConsumer: "sys1-worker-holds",
-		RunsBucket: "sys1-runs", ReviewBucket: "sys1-review", CalibrationBucket: "sys1-calibration",
-		CacheBucket: "sys1-cache", LimitsBucket: "sys1-limits",
-		DeadLetterStream: "SYS1_DEAD_LETTERS", DeadLetterConsumer: "sys1-dead-letter", ConsumerMaxDeliver: 100,
-		Replicas: 1, RequestsMaxAge: 24 * time.Hour, RunsMaxAge: 7 * 24 * time.Hour,
+		RequestsStream: wire.RequestsStream, RunsStream: wire.RunsStream, RepliesStream: wire.RepliesStream,
+		ReviewStream: wire.ReviewStream, LabelsStream: wire.LabelsStream, LabelSubmissionsStream: wire.LabelSubmissionsStream,
+		DeadLetterStream: wire.DeadLetterStream,
+		WorkerConsumer: wire.WorkerConsumer, BatchConsumer: wire.BatchConsumer, SinkConsumer: wire.SinkConsumer,
+		LabelsConsumer: wire.LabelsConsumer, SinkLabelsConsumer: wire.SinkLabelsConsumer, HoldsConsumer: wire.HoldsConsumer,
+		DeadLetterConsumer: wire.DeadLetterConsumer,
+		RunsBucket: wire.RunsBucket, ReviewBucket: wire.ReviewBucket, CalibrationBucket: wire.CalibrationBucket,
+		CacheBucket: wire.CacheBucket, LimitsBucket: wire.LimitsBucket, ReviewSessionsBucket: wire.ReviewSessionsBucket,
+		FleetBucket: wire.FleetBucket,
+		ConsumerMaxDeliver: 100, Replicas: 1, RequestsMaxAge: 24 * time.Hour, RunsMaxAge: 7 * 24 * time.Hour,
 		RepliesMaxAge: 24 * time.Hour, ReviewMaxAge: 30 * 24 * time.Hour, LabelsMaxAge: 30 * 24 * time.Hour, RunIDTTL: 7 * 24 * time.Hour, DedupeWindow: 2 * time.Minute,
 		AckWait: 30 * time.Second, MaxAckPending: 1024, MaxMsgSize: 8 << 20,
-		LabelSubmissionsStream: "SYS1_LABEL_SUBMISSIONS",
-		RequestsMaxBytes:       4 * GiB, RunsMaxBytes: 8 * GiB, RepliesMaxBytes: 1 * GiB, ReviewMaxBytes: 4 * GiB,
+		RequestsMaxBytes: 4 * GiB, RunsMaxBytes: 8 * GiB, RepliesMaxBytes: 1 * GiB, ReviewMaxBytes: 4 * GiB,
 		LabelsMaxBytes: 1 * GiB, LabelSubmissionsMaxBytes: 1 * GiB, DeadLettersMaxBytes: 64 * MiB,
 		RunsBucketMaxBytes: 4 * GiB, ReviewBucketMaxBytes: 256 * MiB, CalibrationMaxBytes: 64 * MiB,
-		CacheMaxBytes: 256 * MiB, LimitsMaxBytes: 256 * MiB,
-		ReviewSessionsBucket: "sys1-review-sessions", ReviewSessionsMaxBytes: 64 * MiB,
+		CacheMaxBytes: 256 * MiB, LimitsMaxBytes: 256 * MiB, ReviewSessionsMaxBytes: 64 * MiB, FleetMaxBytes: 1 * MiB,
 		RequestsPerCaller: 10000, ReviewPerCaller: 5000, LabelsPerCaller: 5000, RejectedLabelsMaxAge: 7 * 24 * time.Hour,
-		FairShare: true, FlowInactiveThreshold: 10 * time.Minute, FleetBucket: "sys1-fleet", FleetMaxBytes: 1 * MiB,
+		FairShare: true, FlowInactiveThreshold: 10 * time.Minute,
 	}
 }
 
@@ -329,7 +303,7 @@ func (c Config) RequestsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:                 c.RequestsStream,
 		Description:          "sys1 decision requests (work queue): interactive and batch",
-		Subjects:             []string{DecideSubjects, BatchSubjects},
+		Subjects:             []string{wire.DecideSubjects, wire.BatchSubjects},
 		Retention:            jetstream.WorkQueuePolicy,
 		Storage:              jetstream.FileStorage,
 		Replicas:             c.Replicas,
@@ -352,7 +326,7 @@ func (c Config) RunsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        c.RunsStream,
 		Description: "sys1 run records (outbox for the sink)",
-		Subjects:    []string{RunsSubjects},
+		Subjects:    []string{wire.RunsSubjects},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    c.Replicas,
@@ -373,7 +347,7 @@ func (c Config) RepliesStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        c.RepliesStream,
 		Description: "sys1 durable replies",
-		Subjects:    []string{ReplySubjects},
+		Subjects:    []string{wire.RepliesSubjects},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    c.Replicas,
@@ -392,7 +366,7 @@ func (c Config) ReviewStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:                 c.ReviewStream,
 		Description:          "sys1 review items (abstained and audited answers)",
-		Subjects:             []string{ReviewSubjects},
+		Subjects:             []string{wire.ReviewSubjects},
 		Retention:            jetstream.LimitsPolicy,
 		Storage:              jetstream.FileStorage,
 		Replicas:             c.Replicas,
@@ -415,7 +389,7 @@ func (c Config) LabelsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        c.LabelsStream,
 		Description: "sys1 labels (accepted, rejected)",
-		Subjects:    []string{LabelsAccepted, LabelsRejected},
+		Subjects:    []string{wire.LabelsAccepted, wire.LabelsRejected},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    c.Replicas,
@@ -436,7 +410,7 @@ func (c Config) LabelSubmissionsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:                 c.LabelSubmissionsStream,
 		Description:          "sys1 labels submitted by producers, until a worker has checked them",
-		Subjects:             []string{LabelsSubmitted},
+		Subjects:             []string{wire.LabelsSubmitted},
 		Retention:            jetstream.WorkQueuePolicy,
 		Storage:              jetstream.FileStorage,
 		Replicas:             c.Replicas,
@@ -452,9 +426,9 @@ func (c Config) LabelSubmissionsStreamConfig() jetstream.StreamConfig {
 }
 
 // arrivals republishes the headers of each stored message on sys1.arrivals.<subject>
-// (ArrivalsPrefix): a hint that wakes idle replicas, never the queue itself.
+// (wire.ArrivalsPrefix): a hint that wakes idle replicas, never the queue itself.
 func arrivals() *jetstream.RePublish {
-	return &jetstream.RePublish{Source: ">", Destination: ArrivalsSubjects, HeadersOnly: true}
+	return &jetstream.RePublish{Source: ">", Destination: wire.ArrivalsSubjects, HeadersOnly: true}
 }
 
 // DeadLetterStreamConfig is SYS1_DEAD_LETTERS: JetStream's max-deliveries advisories of the
@@ -508,7 +482,7 @@ func (c Config) WorkerConsumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       c.WorkerConsumer,
 		Description:   "sys1 worker replicas (shared): interactive requests",
-		FilterSubject: DecideSubjects,
+		FilterSubject: wire.DecideSubjects,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.AckWait,
 		MaxDeliver:    c.ConsumerMaxDeliver,
@@ -522,7 +496,7 @@ func (c Config) WorkerConsumerConfig() jetstream.ConsumerConfig {
 // interactive one; a replica serves it only with slots no interactive request is waiting for.
 func (c Config) BatchConsumerConfig() jetstream.ConsumerConfig {
 	cc := c.WorkerConsumerConfig()
-	cc.Durable, cc.Description, cc.FilterSubject = c.BatchConsumer, "sys1 worker replicas (shared): batch requests", BatchSubjects
+	cc.Durable, cc.Description, cc.FilterSubject = c.BatchConsumer, "sys1 worker replicas (shared): batch requests", wire.BatchSubjects
 	return cc
 }
 
@@ -547,7 +521,7 @@ func (c Config) SinkLabelsConsumerConfig(ackWait time.Duration, maxAckPending in
 	return jetstream.ConsumerConfig{
 		Durable:        c.SinkLabelsConsumer,
 		Description:    "sys1 sink of checked labels into ClickHouse",
-		FilterSubjects: []string{LabelsAccepted, LabelsRejected},
+		FilterSubjects: []string{wire.LabelsAccepted, wire.LabelsRejected},
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        ackWait,
 		MaxDeliver:     -1,
@@ -566,7 +540,7 @@ func (c Config) LabelsConsumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       c.LabelsConsumer,
 		Description:   "sys1 worker replicas (shared): labels submitted by producers, checked against their runs",
-		FilterSubject: LabelsSubmitted,
+		FilterSubject: wire.LabelsSubmitted,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.AckWait,
 		MaxDeliver:    c.ConsumerMaxDeliver,
@@ -585,7 +559,7 @@ func (c Config) HoldsConsumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       c.HoldsConsumer,
 		Description:   "sys1 worker replicas (shared): accepted labels that release held replies",
-		FilterSubject: LabelsAccepted,
+		FilterSubject: wire.LabelsAccepted,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.AckWait,
 		MaxDeliver:    -1,

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider/simulator"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -207,11 +208,11 @@ func (r *Responder) handle(m jetstream.Msg) {
 		return
 	}
 	h := m.Headers()
-	runID := h.Get(worker.HeaderRunID)
+	runID := h.Get(wire.HeaderRunID)
 	if !worker.ValidRunID(runID) {
 		runID = "SYS1_REQUESTS~" + strconv.FormatUint(meta.Sequence.Stream, 10) + "~test"
 	}
-	replyTo := h.Get(worker.HeaderReplyTo)
+	replyTo := h.Get(wire.HeaderReplyTo)
 	r.mu.Lock()
 	r.subjects[m.Subject()]++
 	r.headers[runID] = h
@@ -265,10 +266,10 @@ func (r *Responder) handle(m jetstream.Msg) {
 
 	var cerr *contract.Error
 	var res *contract.Result
-	deadline, derr := time.Parse(time.RFC3339Nano, h.Get(worker.HeaderDeadline))
+	deadline, derr := time.Parse(time.RFC3339Nano, h.Get(wire.HeaderDeadline))
 	switch {
-	case h.Get(worker.HeaderDeadline) != "" && derr != nil:
-		cerr = contract.Errorf(contract.CodeInvalidInput, "%s: %q is not an RFC 3339 time", worker.HeaderDeadline, h.Get(worker.HeaderDeadline))
+	case h.Get(wire.HeaderDeadline) != "" && derr != nil:
+		cerr = contract.Errorf(contract.CodeInvalidInput, "%s: %q is not an RFC 3339 time", wire.HeaderDeadline, h.Get(wire.HeaderDeadline))
 	case derr == nil && !time.Now().Before(deadline):
 		cerr = contract.Errorf(contract.CodeExpired, "deadline %s passed before the provider was called", deadline.UTC().Format(time.RFC3339Nano))
 	default:
@@ -299,10 +300,10 @@ func (r *Responder) handle(m jetstream.Msg) {
 		}
 	}
 	rep := contract.Reply{RunID: runID, Attempts: []contract.Attempt{}}
-	subject := topology.RunsPrefix + string(contract.StatusSuccess)
+	subject := wire.RunsPrefix + string(contract.StatusSuccess)
 	if cerr != nil {
 		rep.Status, rep.Error = contract.StatusFailed, cerr
-		subject = topology.RunsPrefix + string(contract.StatusFailed)
+		subject = wire.RunsPrefix + string(contract.StatusFailed)
 	} else {
 		rep.Status, rep.Result = contract.StatusSuccess, res
 	}
@@ -348,10 +349,10 @@ func (r *Responder) reply(replyTo, runID string, body []byte, first bool) {
 	_ = json.Unmarshal(body, &env)
 	msg := nats.NewMsg(replyTo)
 	msg.Data = body
-	msg.Header.Set(worker.HeaderRunID, runID)
-	msg.Header.Set(worker.HeaderStatus, env.Status)
+	msg.Header.Set(wire.HeaderRunID, runID)
+	msg.Header.Set(wire.HeaderStatus, env.Status)
 	if env.Error != nil {
-		msg.Header.Set(worker.HeaderErrorCode, env.Error.Code)
+		msg.Header.Set(wire.HeaderErrorCode, env.Error.Code)
 	}
 	if err := r.nc.PublishMsg(msg); err != nil {
 		r.t.Logf("batchtest: reply: %v", err)
