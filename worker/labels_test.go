@@ -406,3 +406,37 @@ func TestLabelCheckRetriesThenAnswersOnItsLastDelivery(t *testing.T) {
 		t.Error("no redelivery was logged")
 	}
 }
+
+// TestRejectedLabelsExpireAndAcceptedOnesAreKept: a rejection on SYS1_LABELS carries the
+// per-message TTL of SYS1_LABELS_REJECTED_MAX_AGE (Nats-TTL), so rejected submissions are not
+// kept for the labels' 30 days; an accepted label carries none and lives as long as the stream
+// keeps labels.
+func TestRejectedLabelsExpireAndAcceptedOnesAreKept(t *testing.T) {
+	h := newHarness(t)
+	h.topo.RejectedLabelsMaxAge = 36 * time.Hour
+	h.start(subjectAuth(t))
+	h.runTicket("svc-a", "ttl-1")
+	in := h.labelInbox("svc-a")
+	h.submitLabel("sys1.labels.svc-a", []byte(`{"run_id":"ttl-1","question":"urgent","label":true}`), replyTo(in.subject))
+	if rep, _ := in.next(); rep.Status != contract.LabelAccepted {
+		t.Fatalf("the good label: %+v", rep)
+	}
+	seq := h.submitLabel("sys1.labels.svc-a", []byte(`{"run_id":"ttl-1","question":"urgent","label":"maybe"}`), replyTo(in.subject))
+	if rep, _ := in.next(); rep.Status != contract.LabelRejected {
+		t.Fatalf("the bad label: %+v", rep)
+	}
+	if h.rejectionFor(seq) == nil {
+		t.Fatal("no rejection stored")
+	}
+	rejected, accepted := h.checked("rejected"), h.checked("accepted")
+	if len(rejected) != 1 || len(accepted) != 1 {
+		t.Fatalf("%d rejected and %d accepted on %s, want 1 and 1", len(rejected), len(accepted), h.topo.LabelsStream)
+	}
+	ttl, err := time.ParseDuration(rejected[0].Header.Get(jetstream.MsgTTLHeader))
+	if err != nil || ttl != h.topo.RejectedLabelsMaxAge {
+		t.Errorf("the rejection's %s is %q (%v), want %s (SYS1_LABELS_REJECTED_MAX_AGE)", jetstream.MsgTTLHeader, rejected[0].Header.Get(jetstream.MsgTTLHeader), err, h.topo.RejectedLabelsMaxAge)
+	}
+	if v := accepted[0].Header.Get(jetstream.MsgTTLHeader); v != "" {
+		t.Errorf("the accepted label carries %s %q: it would expire before the stream's SYS1_LABELS_MAX_AGE", jetstream.MsgTTLHeader, v)
+	}
+}
