@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
@@ -208,6 +209,82 @@ func TestTheQuotaBackstopCountsACallersFurtherSubjects(t *testing.T) {
 	}
 	if calls := h.fake.Calls(); calls != 3 {
 		t.Errorf("%d model calls, want 3 (svc-b and svc-a's two within the quota)", calls)
+	}
+}
+
+// TestTheQuotaBackstopCountsACallersBatches: every sys1.batch.<caller>.<batch id> is a
+// JetStream subject of its own, so a caller spreading requests over many batch ids is bounded
+// by the worker's backstop only: the excess over its quota is refused at admission,
+// SYS1_QUOTA_EXCEEDED, without calling the model, while another caller's batch (at its quota,
+// not over) and its interactive run are answered.
+func TestTheQuotaBackstopCountsACallersBatches(t *testing.T) {
+	h := newHarness(t)
+	h.topo.RequestsPerCaller = 2
+	if _, err := topology.Ensure(context.Background(), h.js, h.topo); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	replies := map[string]*nats.Subscription{}
+	for _, caller := range []string{"svc-a", "svc-b"} {
+		sub, err := h.nc.SubscribeSync("_INBOX." + caller + ".batches.*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		replies[caller] = sub
+	}
+	publish := func(caller, batch string, item int) {
+		m := nats.NewMsg("sys1.batch." + caller + "." + batch)
+		m.Data = []byte(ticket)
+		runID := fmt.Sprintf("%s:%d", batch, item)
+		m.Header.Set("Sys1-Run-Id", runID)
+		m.Header.Set("Sys1-Reply-To", "_INBOX."+caller+".batches."+batch)
+		if _, err := h.js.PublishMsg(ctx, m, jetstream.WithMsgID(runID)); err != nil {
+			t.Fatalf("publish %s %s: %v", caller, runID, err)
+		}
+	}
+	// svc-a: six batches of one item each, each subject far under JetStream's per-subject
+	// limit; svc-b: one batch of two, exactly its quota.
+	for i := range 6 {
+		publish("svc-a", fmt.Sprint("a", i), 0)
+	}
+	publish("svc-b", "b0", 0)
+	publish("svc-b", "b0", 1)
+	r := h.start()
+	if rep := h.decide("svc-b", []byte(ticket)); rep.Status != contract.StatusSuccess {
+		t.Fatalf("svc-b's interactive run: %s", rep.Raw)
+	}
+	count := func(caller string, n int) (ok, refused int) {
+		for range n {
+			m, err := replies[caller].NextMsg(20 * time.Second)
+			if err != nil {
+				t.Fatalf("%s: after %d ok and %d refused: %v", caller, ok, refused, err)
+			}
+			switch m.Header.Get(worker.HeaderErrorCode) {
+			case "":
+				ok++
+			case string(contract.CodeQuotaExceeded):
+				refused++
+				if !strings.Contains(string(m.Data), "SYS1_REQUESTS_MAX_PER_CALLER") || !strings.Contains(string(m.Data), "batches") {
+					t.Errorf("refusal without its reason: %s", m.Data)
+				}
+			default:
+				t.Errorf("%s: unexpected reply %s", caller, m.Data)
+			}
+		}
+		return ok, refused
+	}
+	if ok, refused := count("svc-a", 6); ok != 2 || refused != 4 {
+		t.Errorf("svc-a's six batches: %d answered and %d refused, want 2 and 4", ok, refused)
+	}
+	if ok, refused := count("svc-b", 2); ok != 2 || refused != 0 {
+		t.Errorf("svc-b's batch at its quota: %d answered and %d refused, want 2 and 0", ok, refused)
+	}
+	if got := quotaRefusals(t, r, "requests"); got != 4 {
+		t.Errorf("sys1_worker_quota_refusals_total{kind=requests} = %v, want 4", got)
+	}
+	if calls := h.fake.Calls(); calls != 5 {
+		t.Errorf("%d model calls, want 5 (svc-a's two within its quota, svc-b's three)", calls)
 	}
 }
 

@@ -186,9 +186,11 @@ func (w *Worker) consumeLabels(ctx, runCtx context.Context, stream, name string,
 		}
 		// Bounded by the server's expiry, not by ctx (see pullWaiting): a pull the client stops
 		// reading before the server's expiry status can strand messages until AckWait.
-		// Messages are handled one at a time and only the one in hand is kept alive
-		// (InProgress) while it retries, so a pull takes few.
-		batch, err := pullWaiting(*cons.Load(), 4, w.opt.FetchWait)
+		// One message a pull, as with fair share: a pull of several stays open after its first
+		// and takes back a refused label's own redeliveries (nak'd for a retry delay, which can
+		// be shorter than the pull) before the check above could see the stream full, spending
+		// every delivery until the label is dropped unchecked.
+		batch, err := pullWaiting(*cons.Load(), 1, w.opt.FetchWait)
 		if err == nil {
 			for m := range batch.Messages() {
 				if ctx.Err() != nil {

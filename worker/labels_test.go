@@ -19,6 +19,7 @@ import (
 	"github.com/sys1hq/sys1/sink/chtest"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // subjectAuth is a replica option: callers from the subject (SYS1_AUTH_MODE=subject).
@@ -405,4 +406,99 @@ func TestLabelCheckRetriesThenAnswersOnItsLastDelivery(t *testing.T) {
 	if !strings.Contains(h.logs.String(), "could not check a label; redelivering") {
 		t.Error("no redelivery was logged")
 	}
+}
+
+// TestRejectedLabelsExpireAndAcceptedOnesAreKept: a rejection on SYS1_LABELS carries the
+// per-message TTL of SYS1_LABELS_REJECTED_MAX_AGE (Nats-TTL), so rejected submissions are not
+// kept for the labels' 30 days; an accepted label carries none and lives as long as the stream
+// keeps labels.
+func TestRejectedLabelsExpireAndAcceptedOnesAreKept(t *testing.T) {
+	h := newHarness(t)
+	h.topo.RejectedLabelsMaxAge = 36 * time.Hour
+	h.start(subjectAuth(t))
+	h.runTicket("svc-a", "ttl-1")
+	in := h.labelInbox("svc-a")
+	h.submitLabel("sys1.labels.svc-a", []byte(`{"run_id":"ttl-1","question":"urgent","label":true}`), replyTo(in.subject))
+	if rep, _ := in.next(); rep.Status != contract.LabelAccepted {
+		t.Fatalf("the good label: %+v", rep)
+	}
+	seq := h.submitLabel("sys1.labels.svc-a", []byte(`{"run_id":"ttl-1","question":"urgent","label":"maybe"}`), replyTo(in.subject))
+	if rep, _ := in.next(); rep.Status != contract.LabelRejected {
+		t.Fatalf("the bad label: %+v", rep)
+	}
+	if h.rejectionFor(seq) == nil {
+		t.Fatal("no rejection stored")
+	}
+	rejected, accepted := h.checked("rejected"), h.checked("accepted")
+	if len(rejected) != 1 || len(accepted) != 1 {
+		t.Fatalf("%d rejected and %d accepted on %s, want 1 and 1", len(rejected), len(accepted), h.topo.LabelsStream)
+	}
+	ttl, err := time.ParseDuration(rejected[0].Header.Get(jetstream.MsgTTLHeader))
+	if err != nil || ttl != h.topo.RejectedLabelsMaxAge {
+		t.Errorf("the rejection's %s is %q (%v), want %s (SYS1_LABELS_REJECTED_MAX_AGE)", jetstream.MsgTTLHeader, rejected[0].Header.Get(jetstream.MsgTTLHeader), err, h.topo.RejectedLabelsMaxAge)
+	}
+	if v := accepted[0].Header.Get(jetstream.MsgTTLHeader); v != "" {
+		t.Errorf("the accepted label carries %s %q: it would expire before the stream's SYS1_LABELS_MAX_AGE", jetstream.MsgTTLHeader, v)
+	}
+}
+
+// TestLabelsWaitWhileTheLabelsStreamIsFull: with SYS1_LABELS full a submitted label is
+// neither lost nor rejected, nor does it spend its deliveries (back-pressure: nothing is pulled
+// while a checked label could not be stored); once there is room again, and the fleet watcher
+// has seen it, the label is checked, accepted and answered. Both ways of reading
+// submissions hold back: a consumer per sender (fair share) and the one shared consumer.
+func TestLabelsWaitWhileTheLabelsStreamIsFull(t *testing.T) {
+	for _, fair := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fair share %t", fair), func(t *testing.T) { labelsWaitWhileFull(t, fair) })
+	}
+}
+
+func labelsWaitWhileFull(t *testing.T, fair bool) {
+	h := newHarness(t)
+	h.topo.FairShare = fair
+	h.topo.LabelsMaxBytes = topology.MiB // the least SYS1_LABELS_MAX_BYTES takes
+	// Few deliveries: without back-pressure the submission would reach its last within a
+	// few retry delays and be dropped unchecked.
+	h.topo.ConsumerMaxDeliver = 4
+	if _, err := topology.Ensure(context.Background(), h.js, h.topo); err != nil {
+		t.Fatal(err)
+	}
+	cfg := defaultWorkerConfig()
+	cfg.StatusInterval = 20 * time.Millisecond
+	r := h.start(subjectAuth(t), func(o *replicaOpts) { o.cfg = cfg })
+	h.runTicket("svc-a", "full-L1")
+	fillStream(t, h.js, "sys1.labels.filler.accepted", 60<<10)
+
+	in := h.labelInbox("svc-a")
+	h.submitLabel("sys1.labels.svc-a", []byte(`{"run_id":"full-L1","question":"urgent","label":true}`), replyTo(in.subject))
+	waitFor(t, "health to name SYS1_LABELS", 10*time.Second, func() bool {
+		full := r.w.Health().Full
+		return len(full) == 1 && full[0] == h.topo.LabelsStream
+	})
+	// Absence can only be waited for: many fleet-watcher readings, and far longer than the
+	// submission's deliveries would take without back-pressure.
+	in.none("a label while SYS1_LABELS is full")
+	if n := len(h.checked("rejected")); n != 0 {
+		t.Fatalf("%d rejections while SYS1_LABELS is full", n)
+	}
+	if n := len(h.streamMsgs(h.topo.LabelSubmissionsStream)); n != 1 {
+		t.Fatalf("%d submissions waiting while SYS1_LABELS is full, want 1\n%s", n, h.logs.String())
+	}
+	if logs := h.logs.String(); strings.Contains(logs, "dropped unchecked") || strings.Contains(logs, "retrying in place") {
+		t.Fatalf("logs: %s", logs)
+	}
+
+	s, _ := h.js.Stream(context.Background(), h.topo.LabelsStream)
+	if err := s.Purge(context.Background(), jetstream.WithPurgeSubject("sys1.labels.filler.accepted")); err != nil {
+		t.Fatal(err)
+	}
+	rep, _ := in.next()
+	if rep.Status != contract.LabelAccepted || rep.RunID != "full-L1" || string(rep.Label) != "true" {
+		t.Fatalf("the label once there is room: %+v", rep)
+	}
+	if a, rj := h.checked("accepted"), h.checked("rejected"); len(a) != 1 || len(rj) != 0 {
+		t.Errorf("%d accepted and %d rejected, want 1 and 0", len(a), len(rj))
+	}
+	waitFor(t, "the submission acknowledged", 10*time.Second, func() bool { return len(h.streamMsgs(h.topo.LabelSubmissionsStream)) == 0 })
+	waitFor(t, "health to clear SYS1_LABELS", 10*time.Second, func() bool { return len(r.w.Health().Full) == 0 })
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/sys1hq/sys1/worker/calibration"
 	"github.com/sys1hq/sys1/worker/calibration/synthetic"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
+	"github.com/sys1hq/sys1/worker/policy"
 )
 
 // riskAnswersDDL is the stand-in view of labelledAnswersDDL with the columns risk fits read
@@ -398,4 +399,231 @@ func TestCalibrateReport(t *testing.T) {
 	if code, _, errOut = calibrate(t, "--report", "--model", "nobody"); code != exitFailed || !strings.Contains(errOut, "nothing to report") {
 		t.Errorf("nothing to report: exit %d %s", code, errOut)
 	}
+}
+
+// trafficRows labels n answers of synthetic traffic m as the acceptance scenario of issue 25
+// has them labelled (worker/calibration/risk: a policy min_confidence minConf that reviews
+// every abstention and audits share of the decided answers). Each answer is a choice of two
+// options reported with that confidence (binaryWithConfidence); its label is the other option
+// when the traffic says the answer is wrong.
+func trafficRows(m synthetic.Traffic, question string, n int, minConf, share float64, seed uint64, at time.Time) []riskRow {
+	answers, _ := m.Labels(n, minConf, share, seed)
+	keys := []string{"spam", "ham"}
+	rows := make([]riskRow, len(answers))
+	for i, a := range answers {
+		c := a.Confidence
+		label := keys[0]
+		if a.Wrong {
+			label = keys[1]
+		}
+		r := riskRow{labelRowIn: labelRowIn{runID: fmt.Sprintf("%s-%d", question, i), caller: "billing", model: "nimble", question: question,
+			typ: contract.TypeChoice, labelledAt: at.Add(time.Duration(i) * time.Second), label: label, confidence: &c, keys: keys, values: binaryWithConfidence(c)},
+			source: "review", verdict: "abstained"}
+		if a.Audit {
+			r.verdict, r.auditShare = "decided", share
+		}
+		rows[i] = r
+	}
+	return rows
+}
+
+// binaryWithConfidence is the distribution [p, 1 − p], p ≥ ½, whose normalised-entropy
+// confidence (what a model reports, entropyConfidence) is c.
+func binaryWithConfidence(c float64) []float64 {
+	lo, hi := 0.5, 1.0
+	for range 60 {
+		mid := (lo + hi) / 2
+		if entropyConfidence([]float64{mid, 1 - mid}) < c {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return []float64{hi, 1 - hi}
+}
+
+// TestCalibrateRiskAtFivePercent is issue 25's end-to-end acceptance at its own figures,
+// through the command: 2,000 labels in ClickHouse from the acceptance scenario's traffic
+// (synthetic.DefaultTraffic: every abstention of a min_confidence 0.6 policy reviewed, 5% of
+// its decided answers audited); `sys1 calibrate --target-error 0.05 --apply` prints n, the
+// threshold, coverage, error and bound, and stores them in sys1-calibration; a rule with
+// max_error 0.05 then decides fresh answers whose (calibrated) confidence is at or above that
+// threshold and abstains below it, as the worker evaluates them (stage_policy). A question
+// whose answers are wrong too often for 5% at every threshold is stored as "abstain all",
+// on which the rule abstains.
+func TestCalibrateRiskAtFivePercent(t *testing.T) {
+	now := time.Now().UTC()
+	db := chtest.New(t)
+	ctx := context.Background()
+	if err := db.Conn.Exec(ctx, "CREATE DATABASE `"+db.Name+"`"); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Conn.Exec(ctx, fmt.Sprintf(riskAnswersDDL, db.Name)); err != nil {
+		t.Fatal(err)
+	}
+	start := now.Add(-10 * 24 * time.Hour)
+	rows := trafficRows(synthetic.DefaultTraffic, "label", 2000, 0.6, 0.05, 2025, start)
+	audits := 0
+	for _, r := range rows {
+		if r.verdict == "decided" {
+			audits++
+		}
+	}
+	// A worse model: wrong at least 17% of the time however sure it is.
+	poor := synthetic.Traffic{ConfA: 6, ConfB: 2, Centre: 0.8, Slope: 8}
+	insertRiskRows(t, db, rows)
+	insertRiskRows(t, db, trafficRows(poor, "poor", 2000, 0.6, 0.05, 2026, start))
+	srv := natstest.Start(t)
+	_, js := natstest.Connect(t, srv)
+	t.Setenv("SYS1_CLICKHOUSE_DSN", db.DSN)
+	t.Setenv("SYS1_CLICKHOUSE_DATABASE", db.Name)
+	t.Setenv("SYS1_NATS_URL", srv.ClientURL())
+
+	code, out, errOut := calibrate(t, "--target-error", "0.05", "--question", "label", "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	var rep calibrateReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Fits) != 1 || rep.Fits[0].Fit.Risk == nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	k := rep.Fits[0].Fit.Risk
+	if k.AbstainAll || k.N != 2000 || k.Labels["audit"] != audits || k.Labels["abstention"] != 2000-audits || k.TargetError != 0.05 || k.Delta != 0.1 ||
+		!(k.Bound <= 0.05) || !(k.Error <= k.Bound) || !(k.Coverage > 0 && k.Coverage < 1) || !(k.Threshold > 0 && k.Threshold < 1) {
+		t.Fatalf("risk fit at 5%%: %+v", k)
+	}
+	// What the threshold buys, by the traffic's known truth: at most 5% wrong among the
+	// answers it decides (on raw confidence; a temperature is monotone in it for two options).
+	raw := k.Threshold
+	if k.Calibrated {
+		raw = rawConfidenceAt(t, rep.Fits[0].Fit, k.Threshold)
+	}
+	risk, coverage := synthetic.DefaultTraffic.Risk(raw)
+	t.Logf("n %d (%d audits): threshold %v (raw confidence %.3f), coverage %.3f (true %.3f), error %.4f, bound %.4f (true error %.4f), calibrated %v",
+		k.N, audits, k.Threshold, raw, k.Coverage, coverage, k.Error, k.Bound, risk, k.Calibrated)
+	if risk > 0.05 {
+		t.Errorf("the fitted threshold's true error is %.4f, over 5%%", risk)
+	}
+	if _, oracle := synthetic.DefaultTraffic.Oracle(0.05); math.Abs(coverage-oracle) > 0.05 || math.Abs(k.Coverage-coverage) > 0.05 {
+		t.Errorf("coverage %.3f estimated, %.3f true; the oracle threshold's is %.3f", k.Coverage, coverage, oracle)
+	}
+
+	// --apply: the same figures printed, and stored.
+	code, out, errOut = calibrate(t, "--target-error", "0.05", "--apply")
+	if code != exitOK {
+		t.Fatalf("--apply: exit %d\n%s\n%s", code, out, errOut)
+	}
+	for _, want := range []string{
+		"risk: target error 5% with probability ≥ 90% (δ 0.1)",
+		fmt.Sprintf("n 2,000 labels (review): %s reviewed abstentions × 1, %d audit samples × 20", thousandsInt(2000-audits), audits),
+		fmt.Sprintf("threshold %s: decides %s of answers (estimated), error among them %s, upper bound %s ≤ 5%%", fmtThreshold(k.Threshold), pct(k.Coverage), pct(k.Error), pct(k.Bound)),
+		"no threshold meets 5%", `"abstain all": a rule with max_error 0.05 abstains on every answer of this question`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "stored: sys1-calibration revision"); n != 2 {
+		t.Errorf("%d fits stored, want 2 (label and poor):\n%s", n, out)
+	}
+	kv, err := js.KeyValue(ctx, "sys1-calibration")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := map[string]*calibration.Fit{}
+	for _, q := range []string{"label", "poor"} {
+		e, err := kv.Get(ctx, "nimble.billing."+q)
+		if err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		f, err := calibration.Decode(e.Key(), e.Value())
+		if err != nil || f.Risk == nil {
+			t.Fatalf("%s stored %+v %v", q, f, err)
+		}
+		stored[q] = f
+	}
+	if r := stored["label"].Risk; r.AbstainAll || r.Threshold != k.Threshold || r.TargetError != 0.05 || r.Bound != k.Bound || r.Coverage != k.Coverage || r.N != 2000 {
+		t.Errorf("stored label risk %+v, printed %+v", r, k)
+	}
+	if th, ok := stored["label"].Risk.RiskThreshold(0.05); !ok || th != k.Threshold {
+		t.Errorf("the stored fit certifies %v, %v for max_error 0.05", th, ok)
+	}
+	if r := stored["poor"].Risk; !r.AbstainAll || r.TargetError != 0.05 || r.N != 2000 {
+		t.Errorf("stored poor risk %+v, want abstain all", r)
+	}
+	if _, ok := stored["poor"].Risk.RiskThreshold(0.05); ok {
+		t.Error("an abstain-all fit certifies a threshold")
+	}
+
+	// The rule, as the worker evaluates it (stage_policy: the stored fit's temperature
+	// applied when it converged, its risk part handed to the policy), on fresh answers of
+	// the same traffic.
+	p, err := policy.Parse([]byte("rules:\n  - name: guaranteed\n    max_error: 0.05\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	suffix := fmt.Sprintf("(max_error 0.05, fit of %s, n 2,000)", now.Format("2006-01-02"))
+	fresh, _ := synthetic.DefaultTraffic.Labels(400, 1, 0, 4242) // every answer, whatever its confidence
+	decided, abstained := 0, 0
+	for i, a := range fresh {
+		c := a.Confidence
+		probs := binaryWithConfidence(c)
+		for _, q := range []string{"label", "poor"} {
+			fit := stored[q]
+			ans := contract.Answer{Name: q, Type: contract.TypeChoice, Choice: "spam", Confidence: &c,
+				Probabilities: []contract.Probability{{Key: "spam", P: probs[0]}, {Key: "ham", P: probs[1]}}}
+			in := &policy.Input{RunID: fmt.Sprint("fresh-", i), Caller: "billing", Model: "nimble",
+				Questions: []contract.Question{{Name: q, Type: contract.TypeChoice}}, Answers: []contract.Answer{ans}, Risk: []policy.RiskFit{fit.Risk}}
+			value := c
+			if fit.AppliesTemperature() {
+				cal, err := calibration.Apply(fit, &ans)
+				if err != nil {
+					t.Fatal(err)
+				}
+				in.Calibrated, value = []*contract.Calibrated{&cal}, *cal.Confidence
+			}
+			v := p.Evaluate(in).Verdicts[0]
+			if q == "poor" {
+				if v.Status != contract.VerdictAbstained || !strings.HasPrefix(v.Reason, "max_error 0.05 is met at no threshold") {
+					t.Fatalf("abstain all: %+v", v)
+				}
+				continue
+			}
+			want := contract.VerdictAbstained
+			if value >= k.Threshold {
+				want = contract.VerdictDecided
+				decided++
+			} else {
+				abstained++
+			}
+			if v.Status != want || v.Rule != "guaranteed" || !strings.HasSuffix(v.Reason, suffix) {
+				t.Errorf("value %v, threshold %v: %s %q, want %s ending %q", value, k.Threshold, v.Status, v.Reason, want, suffix)
+			}
+		}
+	}
+	t.Logf("fresh answers: %d decided, %d abstained", decided, abstained)
+	if decided == 0 || abstained == 0 {
+		t.Errorf("400 fresh answers: %d decided, %d abstained; the threshold should split them", decided, abstained)
+	}
+}
+
+// rawConfidenceAt is the raw confidence of a two-option answer whose calibrated confidence,
+// with fit's temperature, is calibrated (monotone: found by bisection).
+func rawConfidenceAt(t *testing.T, fit *calibration.Fit, calibrated float64) float64 {
+	t.Helper()
+	lo, hi := 0.0, 1.0
+	for range 60 {
+		mid := (lo + hi) / 2
+		p := binaryWithConfidence(mid)
+		cal, err := calibration.Apply(fit, &contract.Answer{Type: contract.TypeChoice, Probabilities: []contract.Probability{{Key: "spam", P: p[0]}, {Key: "ham", P: p[1]}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if *cal.Confidence < calibrated {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return hi
 }

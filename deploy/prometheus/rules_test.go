@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/metrics"
 )
 
 // ruleFiles are rules/<name>.yml; testFiles rules/<name>_test.yml. Files added by other
@@ -212,6 +213,46 @@ func TestErrorRatioAlertsCoverEveryCode(t *testing.T) {
 		case c.Status() < 500 && (in[true] || !in[false]):
 			t.Errorf("%s (%d) belongs to SYS1CallerErrorRatioHigh only", c, c.Status())
 		}
+	}
+}
+
+// TestRuleTestsUseTheWorkersQuotaKinds: the unit tests' quota series carry the kind label
+// values the workers export (an alert tested on made-up kinds proves nothing about the real
+// ones), and SYS1QuotaRefusals is shown firing for a real kind.
+func TestRuleTestsUseTheWorkersQuotaKinds(t *testing.T) {
+	_, tests := ruleFiles(t)
+	kinds := []string{metrics.QuotaRequests, metrics.QuotaReview, metrics.QuotaLabels}
+	seen := 0
+	for _, path := range tests {
+		f, err := loadUnitTestFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range f.Tests {
+			for _, in := range tc.InputSeries {
+				m, err := parser.NewParser(parser.Options{}).ParseMetric(in.Series)
+				if err != nil {
+					t.Fatalf("%s: series %q: %v", path, in.Series, err)
+				}
+				if !strings.HasPrefix(m.Get(model.MetricNameLabel), "sys1_worker_quota_") {
+					continue
+				}
+				seen++
+				if kind := m.Get("kind"); !slices.Contains(kinds, kind) {
+					t.Errorf("%s (%s): kind %q is none of the workers' %v", path, tc.Name, kind, kinds)
+				}
+			}
+			for _, at := range tc.AlertRuleTests {
+				for _, a := range at.ExpAlerts {
+					if kind, ok := a.ExpLabels["kind"]; ok && !slices.Contains(kinds, kind) {
+						t.Errorf("%s (%s): %s expected with kind %q, none of the workers' %v", path, tc.Name, at.Alertname, kind, kinds)
+					}
+				}
+			}
+		}
+	}
+	if seen == 0 {
+		t.Error("no rule unit test has a sys1_worker_quota_* series")
 	}
 }
 

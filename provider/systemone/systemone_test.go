@@ -109,11 +109,11 @@ func TestErrorTable(t *testing.T) {
 		{"429 with seconds", systemonetest.Busy(429, "3"), contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 429); retry after 3s", 3 * time.Second},
 		{"429 with retry-after-ms", systemonetest.BusyMS(429, "1500", "2"), contract.CodeProviderBusy, contract.OutcomeBusy, "retry after 1.5s", 1500 * time.Millisecond},
 		{"429 without hint", systemonetest.Busy(429, ""), contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 429)", 0},
-		{"503 with a past date", systemonetest.Busy(503, past), contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 503)", 0},
-		{"529 overloaded", systemonetest.Busy(529, "7"), contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 529); retry after 7s", 7 * time.Second},
-		{"500", systemonetest.Status(500), contract.CodeUpstreamError, contract.OutcomeError, "failed (HTTP 500)", 0},
-		{"502 html", systemonetest.Body(502, "text/html", "<html>Bad Gateway</html>"), contract.CodeUpstreamError, contract.OutcomeError, "failed (HTTP 502)", 0},
-		{"504", systemonetest.Status(504), contract.CodeUpstreamError, contract.OutcomeError, "HTTP 504", 0},
+		{"503 with a past date", systemonetest.Fault{Status: 503, RetryAfter: past, Body: hostedLeak}, contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 503)", 0},
+		{"529 overloaded", systemonetest.Fault{Status: 529, RetryAfter: "7", Body: hostedLeak}, contract.CodeProviderBusy, contract.OutcomeBusy, "busy (HTTP 529); retry after 7s", 7 * time.Second},
+		{"500", systemonetest.Body(500, "application/json", hostedLeak), contract.CodeUpstreamError, contract.OutcomeError, "failed (HTTP 500)", 0},
+		{"502 html", systemonetest.Body(502, "text/html", "<html>Bad Gateway: "+leak+"</html>"), contract.CodeUpstreamError, contract.OutcomeError, "failed (HTTP 502)", 0},
+		{"504", systemonetest.Body(504, "text/plain", leak), contract.CodeUpstreamError, contract.OutcomeError, "HTTP 504", 0},
 		{"another 4xx", systemonetest.Status(418), contract.CodeUpstreamError, contract.OutcomeError, "HTTP 418", 0},
 		{"redirect 307", systemonetest.Redirect(307, "/v1/systemone"), contract.CodeNotConfigured, contract.OutcomeUnavailable, "redirect (HTTP 307), which is not followed; check SYS1_SYSTEMONE_BASE_URL", 0},
 		{"redirect 301 elsewhere", systemonetest.Redirect(301, "https://attacker.example/v1/systemone"), contract.CodeNotConfigured, contract.OutcomeUnavailable, "redirect (HTTP 301)", 0},
@@ -155,10 +155,60 @@ func TestErrorTable(t *testing.T) {
 			if strings.Contains(e.Message, host) {
 				t.Errorf("the message names the host: %q", e.Message)
 			}
+			// Upstream error bodies (a gateway's internals) reach the operator's log only.
+			if leaked(err) {
+				t.Errorf("the upstream's body reached the error: %q", err)
+			}
 			if srv.Calls() != 1 || srv.CountPath("/v1/systemone") != 1 {
 				t.Errorf("the fake saw %d calls: the adapter must neither retry nor follow redirects", srv.Calls())
 			}
 		})
+	}
+}
+
+// leak is an upstream error body's text that must not reach a producer: a gateway's
+// internals (addresses, host names).
+const leak = "db at 10.1.2.3:5432 secret-host.internal.corp failed"
+
+// hostedLeak is leak in the hosted APIs' error shape.
+var hostedLeak = `{"type":"error","error":{"type":"api_error","message":"` + leak + `"}}`
+
+// leaked reports whether any error in err's chain carries leak or a part of it.
+func leaked(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		for _, part := range []string{leak, "10.1.2.3", "secret-host"} {
+			if strings.Contains(e.Error(), part) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestUpstreamErrorBodiesGoToTheLogOnly: whatever 5xx status a hosted API answers with, its
+// body's text (JSON in the hosted shape or plain text) is in the operator's log line and in no
+// error returned to the producer, which gets a generic message with the status.
+func TestUpstreamErrorBodiesGoToTheLogOnly(t *testing.T) {
+	srv := systemonetest.New(t)
+	var logs bytes.Buffer
+	c := newClient(t, srv, systemone.Config{}, systemone.WithLogger(zerolog.New(&logs)))
+	req := resolved(t, ordered)
+	for status := 500; status <= 599; status++ {
+		for _, f := range []systemonetest.Fault{systemonetest.Body(status, "application/json", hostedLeak), systemonetest.Body(status, "text/plain", leak)} {
+			logs.Reset()
+			srv.Fail(1, f)
+			_, err := c.Evaluate(context.Background(), req)
+			e, ok := contract.AsError(err)
+			if !ok || (e.Code != contract.CodeUpstreamError && e.Code != contract.CodeProviderBusy) || !strings.Contains(e.Message, fmt.Sprintf("(HTTP %d)", status)) {
+				t.Fatalf("HTTP %d (%s): error %v", status, f.ContentType, err)
+			}
+			if leaked(err) {
+				t.Errorf("HTTP %d (%s): the upstream's body reached the error: %q", status, f.ContentType, err)
+			}
+			if !strings.Contains(logs.String(), leak) || !strings.Contains(logs.String(), fmt.Sprintf(`"http_status":%d`, status)) {
+				t.Errorf("HTTP %d (%s): the log lacks the upstream's text: %s", status, f.ContentType, logs.String())
+			}
+		}
 	}
 }
 

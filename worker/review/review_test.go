@@ -183,6 +183,43 @@ func TestReviewSessionExpiryAndLogout(t *testing.T) {
 	}
 }
 
+// TestReviewSessionsBucketIsBounded: once the review page has started, its sessions bucket
+// (KV_sys1-review-sessions) has the byte limit SYS1_REVIEW_SESSIONS_MAX_BYTES, by default and
+// as configured, also when an earlier version left the bucket unbounded; sessions are stored
+// in it.
+func TestReviewSessionsBucketIsBounded(t *testing.T) {
+	limit := func(h *harness) int64 {
+		t.Helper()
+		s, err := h.js.Stream(context.Background(), "KV_"+h.cfg.SessionsBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config.MaxBytes
+	}
+	h := newHarness(t, harnessOpts{})
+	if got, want := limit(h), int64(topology.Default().ReviewSessionsMaxBytes); got != want || want <= 0 {
+		t.Errorf("sessions bucket max bytes %d, want the default of SYS1_REVIEW_SESSIONS_MAX_BYTES, %d", got, want)
+	}
+	// As a version before the bounds left it: no byte limit.
+	unbounded := SessionsBucketConfig(h.cfg.SessionsBucket, h.cfg.SessionTTL, 1, 0)
+	if _, err := h.js.UpdateKeyValue(context.Background(), unbounded); err != nil {
+		t.Fatal(err)
+	}
+	h.close()
+	h2 := newHarness(t, harnessOpts{reuse: h, configure: func(c *Config) { c.Topology.ReviewSessionsMaxBytes = 3 * topology.MiB }})
+	if got := limit(h2); got != int64(3*topology.MiB) {
+		t.Errorf("after a restart with SYS1_REVIEW_SESSIONS_MAX_BYTES=3MiB: max bytes %d", got)
+	}
+	h2.client().mustLogin("alice")
+	kv, err := h2.js.KeyValue(context.Background(), h2.cfg.SessionsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := kv.Status(context.Background()); err != nil || st.Values() != 1 {
+		t.Errorf("sessions stored: %v, %v; want 1", st, err)
+	}
+}
+
 func TestReviewCookiesAndSecurityHeaders(t *testing.T) {
 	h := newHarness(t, harnessOpts{})
 	c := h.client()

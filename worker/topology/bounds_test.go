@@ -67,6 +67,17 @@ func TestEveryStreamAndBucketHasAByteLimit(t *testing.T) {
 	if seen != len(want) {
 		t.Errorf("%d streams, want %d", seen, len(want))
 	}
+	// The per-caller quotas: each caller's own subject holds at most its quota, and the next
+	// publish is refused (discard new per subject) rather than dropping the oldest.
+	for name, quota := range map[string]int{"SYS1_REQUESTS": 10000, "SYS1_REVIEW": 5000, "SYS1_LABEL_SUBMISSIONS": 5000} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := s.CachedInfo().Config; c.MaxMsgsPerSubject != int64(quota) || !c.DiscardNewPerSubject {
+			t.Errorf("%s: max_msgs_per_subject %d, discard_new_per_subject %t; want %d and true", name, c.MaxMsgsPerSubject, c.DiscardNewPerSubject, quota)
+		}
+	}
 	file, mem := cfg.StorageBudget()
 	if file != 23*topology.GiB+705*topology.MiB || mem != 256*topology.MiB {
 		t.Errorf("budget %s of files and %s of memory: README's Storage budget says 23.7 GiB and 256 MiB", file, mem)
@@ -102,6 +113,36 @@ func TestAQuotaRefusesOnlyItsCaller(t *testing.T) {
 	info, _ := s.Info(ctx)
 	if info.State.Msgs != 5 {
 		t.Errorf("%d messages stored, want 5", info.State.Msgs)
+	}
+}
+
+// TestALabelQuotaRefusesOnlyItsCaller: a caller with SYS1_LABELS_MAX_PER_CALLER label
+// submissions waiting on SYS1_LABEL_SUBMISSIONS is refused at publish, with JetStream's
+// per-subject error; another caller's submission is stored.
+func TestALabelQuotaRefusesOnlyItsCaller(t *testing.T) {
+	js := jetStream(t)
+	ctx := context.Background()
+	cfg := topology.Default()
+	cfg.LabelsPerCaller = 3
+	if _, err := topology.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := js.Publish(ctx, "sys1.labels.svc-a", []byte(`{}`)); err != nil {
+			t.Fatalf("submission %d within the quota: %v", i+1, err)
+		}
+	}
+	_, err := js.Publish(ctx, "sys1.labels.svc-a", []byte(`{}`))
+	if topology.Refused(err) != topology.RefusedQuota || !strings.Contains(err.Error(), "maximum messages per subject exceeded") {
+		t.Fatalf("svc-a's fourth submission: got %v, want a per-subject refusal", err)
+	}
+	if _, err := js.Publish(ctx, "sys1.labels.svc-b", []byte(`{}`)); err != nil {
+		t.Errorf("svc-b's submission refused because svc-a is over its quota: %v", err)
+	}
+	s, _ := js.Stream(ctx, cfg.LabelSubmissionsStream)
+	info, _ := s.Info(ctx, jetstream.WithSubjectFilter(topology.LabelsSubmitted))
+	if a, b := info.State.Subjects["sys1.labels.svc-a"], info.State.Subjects["sys1.labels.svc-b"]; a != 3 || b != 1 {
+		t.Errorf("waiting: svc-a %d, svc-b %d; want 3 and 1", a, b)
 	}
 }
 
