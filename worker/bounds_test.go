@@ -260,7 +260,7 @@ func TestTheQuotaBackstopCountsACallersBatches(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: after %d ok and %d refused: %v", caller, ok, refused, err)
 			}
-			switch m.Header.Get(worker.HeaderErrorCode) {
+			switch m.Header.Get(wire.HeaderErrorCode) {
 			case "":
 				ok++
 			case string(contract.CodeQuotaExceeded):

@@ -18,6 +18,7 @@ import (
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
+	"github.com/sys1hq/sys1/worker/topology"
 )
 
 func TestReviewParseUsersNamesEveryBadLine(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -140,7 +141,7 @@ func TestALabelQuotaRefusesOnlyItsCaller(t *testing.T) {
 		t.Errorf("svc-b's submission refused because svc-a is over its quota: %v", err)
 	}
 	s, _ := js.Stream(ctx, cfg.LabelSubmissionsStream)
-	info, _ := s.Info(ctx, jetstream.WithSubjectFilter(topology.LabelsSubmitted))
+	info, _ := s.Info(ctx, jetstream.WithSubjectFilter(wire.LabelsSubmitted))
 	if a, b := info.State.Subjects["sys1.labels.svc-a"], info.State.Subjects["sys1.labels.svc-b"]; a != 3 || b != 1 {
 		t.Errorf("waiting: svc-a %d, svc-b %d; want 3 and 1", a, b)
 	}
