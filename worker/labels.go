@@ -428,13 +428,13 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 	if s.label != nil {
 		reply.RunID, reply.Question = s.label.RunID, s.label.Question
 	}
-	subject, status := wire.LabelsPrefix+s.token+"."+wire.AcceptedToken, contract.LabelAccepted
+	subject, status := wire.LabelAccepted(s.token), contract.LabelAccepted
 	var body []byte
 	if out != nil {
 		body, _ = out.MarshalJSON()
 		reply.Question, reply.Label = out.Question, out.Value
 	} else {
-		subject, status = wire.LabelsPrefix+s.token+"."+wire.RejectedToken, contract.LabelRejected
+		subject, status = wire.LabelRejected(s.token), contract.LabelRejected
 		caller := ""
 		if s.verified {
 			caller = s.identity.Caller

@@ -108,7 +108,7 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 	if limit := r.w.storeLimit(); len(record) > limit || len(reply) > limit {
 		return fmt.Errorf("outcome of %d + %d bytes: %w", len(record), len(reply), errTooLarge)
 	}
-	subject := wire.RunsPrefix + string(status)
+	subject := wire.Runs(string(status))
 	if r.state != nil {
 		st := *r.state
 		st.Status, st.Attempts = runDone, r.attempts

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/batch"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -255,7 +256,7 @@ func batchRun(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// stderr is shared by the progress line, warnings and the NATS connection's log, which
 	// write from their own goroutines: errw serialises them.
 	errw := &lockedWriter{w: stderr}
-	conn, err := dialClientInbox(ctx, "sys1 batch", errw, "_INBOX."+*caller)
+	conn, err := dialClientInbox(ctx, "sys1 batch", errw, wire.Inbox(*caller))
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -350,7 +351,7 @@ func dryRunReport(ctx context.Context, stdout, stderr io.Writer, plan *batch.Pla
 	}
 	fmt.Fprintf(stdout, "  subject: sys1.batch.%s.%s; output: %s\n", caller, batchID, out)
 	// The estimate needs the replicas; without NATS it is simply not available.
-	conn, err := dialClientInbox(ctx, "sys1 batch", io.Discard, "_INBOX."+caller)
+	conn, err := dialClientInbox(ctx, "sys1 batch", io.Discard, wire.Inbox(caller))
 	if err != nil {
 		fmt.Fprintf(stdout, "  estimate: none: cannot reach NATS (%v)\n", err)
 	} else {

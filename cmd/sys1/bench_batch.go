@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/batch"
 )
 
@@ -70,7 +71,7 @@ func startBenchBatch(ctx context.Context, url, caller string, body []byte, items
 	if err != nil {
 		return nil, fmt.Errorf("--batch: %w", err)
 	}
-	if b.nc, err = nats.Connect(url, nats.Name("sys1-bench-batch"), nats.CustomInboxPrefix("_INBOX."+caller), nats.MaxReconnects(-1)); err != nil {
+	if b.nc, err = nats.Connect(url, nats.Name("sys1-bench-batch"), nats.CustomInboxPrefix(wire.Inbox(caller)), nats.MaxReconnects(-1)); err != nil {
 		return nil, fmt.Errorf("--batch: connect: %w", err)
 	}
 	runCtx, cancel := context.WithCancel(ctx)

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/tracing"
 )
@@ -113,7 +114,7 @@ func runDecide(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 	// Replies and JetStream acks come to _INBOX.<caller>.…, the inbox deploy/nats lets producer
 	// <caller> read and the worker answers (SYS1_NATS_INBOX_PREFIX overrides it).
-	conn, err := dialClientInbox(ctx, "sys1 decide", stderr, "_INBOX."+strings.TrimSpace(*caller))
+	conn, err := dialClientInbox(ctx, "sys1 decide", stderr, wire.Inbox(strings.TrimSpace(*caller)))
 	if err != nil {
 		fmt.Fprintf(stderr, "sys1 decide: %v\n", err)
 		return exitUsage

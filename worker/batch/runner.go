@@ -112,7 +112,7 @@ type Progress struct {
 func (p Progress) Done() int { return p.Succeeded + p.Failed + p.Invalid + p.Cancelled }
 
 // Subject is where a batch's requests are published.
-func Subject(caller, batchID string) string { return wire.BatchPrefix + caller + "." + batchID }
+func Subject(caller, batchID string) string { return wire.Batch(caller, batchID) }
 
 type slot struct {
 	e          Entry
@@ -412,7 +412,7 @@ func mustJSON(e *contract.Error) []byte {
 // worker/batch_manifest.go). Its message id is derived from its content, so running the batch
 // again stores it once.
 func (r *runner) manifest() *nats.Msg {
-	m := nats.NewMsg(wire.DecidePrefix + r.cfg.Caller)
+	m := nats.NewMsg(wire.Decide(r.cfg.Caller))
 	m.Data, _ = json.Marshal(worker.BatchManifest{BatchID: r.cfg.BatchID, Items: r.plan.Entries, Invalid: r.plan.Invalid})
 	m.Header.Set(wire.HeaderBatchManifest, "1")
 	m.Header.Set(wire.HeaderMsgID, fmt.Sprintf("manifest:%s:%d:%d", r.cfg.BatchID, r.plan.Entries, r.plan.Invalid))

@@ -243,7 +243,7 @@ func streamFilter(caller, batchID string) string {
 	if caller == "" {
 		caller = "*"
 	}
-	return wire.BatchPrefix + caller + "." + batchID
+	return wire.Batch(caller, batchID)
 }
 
 // inStream counts the stream's messages on filter.

@@ -34,21 +34,8 @@ import (
 	"github.com/sys1hq/sys1/worker/tracing"
 )
 
-// Header names of SPEC §3.
-const (
-	HeaderRunID         = "Sys1-Run-Id"
-	HeaderReplyTo       = "Sys1-Reply-To"
-	HeaderDeadline      = "Sys1-Deadline"
-	HeaderAuthorization = "Authorization"
-	HeaderStatus        = "Sys1-Status"
-	HeaderErrorCode     = "Sys1-Error-Code"
-	HeaderMinConfidence = "Sys1-Min-Confidence"
-	HeaderCache         = "Sys1-Cache"
-	HeaderReview        = "Sys1-Review"
-)
-
-// SubjectPrefix is where requests are published: SubjectPrefix + caller.
-const SubjectPrefix = "sys1.decide."
+// The headers and subjects the client sets and reads are contract/wire's (wire.HeaderRunID,
+// wire.Decide, …): one home for every name on the bus, which producers import too.
 
 // ErrNoStream means nothing stores requests on that subject: no worker has created the
 // SYS1_REQUESTS stream yet (or NATS permissions hide it).
@@ -153,7 +140,7 @@ func (r Request) message(runID, replyTo string) (*nats.Msg, error) {
 			return nil, fmt.Errorf("caller %q is not a valid subject token", caller)
 		}
 	}
-	m := &nats.Msg{Subject: SubjectPrefix + caller, Data: r.Body, Header: nats.Header{}}
+	m := &nats.Msg{Subject: wire.Decide(caller), Data: r.Body, Header: nats.Header{}}
 	for k, vs := range r.Header {
 		for _, v := range vs {
 			m.Header.Add(k, v)
@@ -244,7 +231,7 @@ func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
 // it. bound reports the first case.
 func (c *Client) replyInbox(caller string) (subject string, bound bool) {
 	if c.nc.Opts.InboxPrefix == "" && caller != "" && !strings.ContainsAny(caller, ".*> \t\r\n") {
-		return "_INBOX." + caller + "." + nuid.Next(), true
+		return wire.Inbox(caller) + "." + nuid.Next(), true
 	}
 	return c.nc.NewInbox(), false
 }

@@ -607,7 +607,7 @@ func metaOf(it *contract.ReviewItem, subject string, seq uint64) (*itemMeta, err
 // caller "anonymous", whatever their subject.
 func checkItemSubject(it *contract.ReviewItem, subject string) error {
 	if it.Subject == "" {
-		if subject == wire.ReviewPrefix+it.Caller || it.Caller == contract.LegacyAnonymousCaller {
+		if subject == wire.Review(it.Caller) || it.Caller == contract.LegacyAnonymousCaller {
 			return nil
 		}
 		return fmt.Errorf("item claims caller %q but was published on %s", it.Caller, subject)
@@ -956,7 +956,7 @@ func (c claim) labelSubject() string {
 	if c.Subject != "" {
 		return c.Subject
 	}
-	return wire.LabelsPrefix + c.Label.Caller + "." + wire.AcceptedToken
+	return wire.LabelAccepted(c.Label.Caller)
 }
 
 const (

@@ -97,7 +97,7 @@ func labelValue(it *contract.ReviewItem, value string, none bool) (json.RawMessa
 func (l *labeller) submit(ctx context.Context, it *contract.ReviewItem, token, reviewer string, value json.RawMessage) (contract.Label, error) {
 	lbl := contract.Label{RunID: it.RunID, Question: it.Question, Value: value, Reviewer: reviewer,
 		LabelledAt: l.now().UTC(), Source: contract.LabelSourceReview, Caller: it.Caller, Item: it.ID}
-	subject, err := topology.ReviewLabelSubject(wire.ReviewPrefix + token)
+	subject, err := topology.ReviewLabelSubject(wire.Review(token))
 	if err != nil {
 		return lbl, err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/client"
 )
 
@@ -156,7 +157,7 @@ func (l *load) next(kind string, cacheKey int) *Request {
 
 func (l *load) publish(r *Request) {
 	req := client.Request{Caller: r.Caller, Body: body(r.Key, r.Kind == KindHold), RunID: r.RunID,
-		ReplyTo: "sys1.replies." + r.Caller + "." + r.RunID}
+		ReplyTo: wire.Replies(r.Caller, r.RunID)}
 	l.inFlight.Add(1)
 	defer l.inFlight.Add(-1)
 	deadline := time.Now().Add(retryFor)
@@ -237,7 +238,7 @@ func (l *load) publishLabels(ctx context.Context, wg *sync.WaitGroup) {
 		l.labelPending.Add(1)
 		wg.Go(func() {
 			defer l.labelPending.Add(-1)
-			msg := nats.NewMsg("sys1.labels." + CallerPlain)
+			msg := nats.NewMsg(wire.Label(CallerPlain))
 			msg.Header.Set(jetstream.MsgIDHeader, "soak-label:"+id)
 			msg.Data = []byte(`{"run_id":"` + id + `","question":"label","label":` + value + `,"reviewer":"soak-backoffice"}`)
 			deadline := time.Now().Add(retryFor)

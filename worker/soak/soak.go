@@ -34,6 +34,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/sink"
 	"github.com/sys1hq/sys1/worker/natsconn"
 )
@@ -311,19 +312,19 @@ func (s *soak) setUp(ctx context.Context) error {
 	// The soak reads what the fleet stores through durable consumers of its own, found by the
 	// subjects the streams hold, not by their names.
 	s.replies, s.labels = newReplies(), &labels{}
-	repliesStream, err := streamFor(ctx, s.js, "sys1.replies."+CallerPlain+".x")
+	repliesStream, err := streamFor(ctx, s.js, wire.Replies(CallerPlain, "x"))
 	if err != nil {
 		return fmt.Errorf("the replies stream: %w", err)
 	}
 	var filters []string
 	for _, c := range []string{CallerPlain, CallerBudget, CallerCache, CallerHold} {
-		filters = append(filters, "sys1.replies."+c+".>")
+		filters = append(filters, wire.RepliesOf(c))
 	}
 	rc, err := newCollector(ctx, s.js, repliesStream, "soak-replies", filters, 3, s.replies.handle)
 	if err != nil {
 		return fmt.Errorf("the replies collector: %w", err)
 	}
-	labelsStream, err := streamFor(ctx, s.js, "sys1.labels."+CallerPlain+".accepted")
+	labelsStream, err := streamFor(ctx, s.js, wire.LabelAccepted(CallerPlain))
 	if err != nil {
 		return fmt.Errorf("the labels stream: %w", err)
 	}
@@ -754,7 +755,7 @@ func (s *soak) pickNode(ctx context.Context, f Fault) (int, string) {
 	var stream string
 	switch f.Role {
 	case RoleRequests:
-		stream, _ = streamFor(ctx, s.js, "sys1.decide."+CallerPlain)
+		stream, _ = streamFor(ctx, s.js, wire.Decide(CallerPlain))
 	case RoleGate:
 		stream = "KV_sys1-runs"
 	case RoleBudgets:

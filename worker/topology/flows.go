@@ -84,11 +84,11 @@ func validToken(s string) bool { return wire.ValidToken(s) }
 func (f Flow) Subjects() []string {
 	switch f.Lane {
 	case LaneBatch:
-		return []string{wire.BatchPrefix + f.Caller + "." + f.Batch}
+		return []string{wire.Batch(f.Caller, f.Batch)}
 	case LaneLabels:
-		return []string{wire.LabelsPrefix + f.Caller}
+		return []string{wire.Label(f.Caller)}
 	}
-	return []string{wire.DecidePrefix + f.Caller, wire.DecidePrefix + f.Caller + ".>"}
+	return []string{wire.Decide(f.Caller), wire.Decide(f.Caller) + ".>"}
 }
 
 // Key names the flow within its lane (the scheduler's flow key).

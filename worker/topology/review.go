@@ -46,7 +46,7 @@ func ReviewSubject(requestSubject string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("review subject: %w", err)
 	}
-	return wire.ReviewPrefix + token, nil
+	return wire.Review(token), nil
 }
 
 // ReviewToken is the token of a review item's subject (sys1.review.<token>).
@@ -65,5 +65,5 @@ func ReviewLabelSubject(reviewSubject string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return wire.LabelsPrefix + token + "." + wire.AcceptedToken, nil
+	return wire.LabelAccepted(token), nil
 }

@@ -300,10 +300,10 @@ func (r *Responder) handle(m jetstream.Msg) {
 		}
 	}
 	rep := contract.Reply{RunID: runID, Attempts: []contract.Attempt{}}
-	subject := wire.RunsPrefix + string(contract.StatusSuccess)
+	subject := wire.Runs(string(contract.StatusSuccess))
 	if cerr != nil {
 		rep.Status, rep.Error = contract.StatusFailed, cerr
-		subject = wire.RunsPrefix + string(contract.StatusFailed)
+		subject = wire.Runs(string(contract.StatusFailed))
 	} else {
 		rep.Status, rep.Result = contract.StatusSuccess, res
 	}
