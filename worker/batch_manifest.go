@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract/wire"
+	"github.com/sys1hq/sys1/worker/rungate"
 )
 
 // Batch manifests. `sys1 batch run` checks every line before it sends any; the lines that fail
@@ -27,23 +28,6 @@ import (
 
 // wire.HeaderBatchManifest marks a batch manifest on sys1.decide.<caller>; its value is the
 // manifest's version, "1".
-
-// BatchManifest is what a batch run says about its input.
-type BatchManifest struct {
-	BatchID string `json:"batch_id"`
-	// Caller is the verified caller that sent it (set by the worker).
-	Caller string `json:"caller,omitempty"`
-	// Items is the input's item count (non-blank lines or rows); Invalid the items that
-	// failed the contract check and were never sent.
-	Items   int `json:"items"`
-	Invalid int `json:"invalid"`
-	// UpdatedAt is when the worker stored it.
-	UpdatedAt time.Time `json:"updated_at"`
-}
-
-// BatchManifestKey is the manifest's key in the run-id gate bucket (gate keys start with "r",
-// so the two never meet).
-func BatchManifestKey(batchID string) string { return "batch-manifest." + batchID }
 
 // maxManifestBytes bounds a manifest body: it holds a few numbers.
 const maxManifestBytes = 4096
@@ -90,8 +74,8 @@ func (w *Worker) storeBatchManifest(ctx context.Context, msg jetstream.Msg) {
 
 // checkBatchManifest authenticates a manifest like a request and decodes it; why says what
 // is wrong with it.
-func (w *Worker) checkBatchManifest(ctx context.Context, msg jetstream.Msg) (BatchManifest, string) {
-	var m BatchManifest
+func (w *Worker) checkBatchManifest(ctx context.Context, msg jetstream.Msg) (rungate.Manifest, string) {
+	var m rungate.Manifest
 	id, aerr := w.opt.Auth.Authenticate(ctx, msg.Subject(), msg.Headers())
 	if aerr != nil {
 		return m, aerr.Message
@@ -115,8 +99,8 @@ func (w *Worker) checkBatchManifest(ctx context.Context, msg jetstream.Msg) (Bat
 }
 
 // keepBatchManifest stores m unless another caller owns the batch's manifest (kept false).
-func (w *Worker) keepBatchManifest(ctx context.Context, m BatchManifest) (kept bool, err error) {
-	key := BatchManifestKey(m.BatchID)
+func (w *Worker) keepBatchManifest(ctx context.Context, m rungate.Manifest) (kept bool, err error) {
+	key := rungate.ManifestKey(m.BatchID)
 	val, _ := json.Marshal(m)
 	for range 3 {
 		if _, err := w.gate.kv.Create(ctx, key, val); err == nil {
@@ -131,7 +115,7 @@ func (w *Worker) keepBatchManifest(ctx context.Context, m BatchManifest) (kept b
 		if err != nil {
 			return false, fmt.Errorf("batch manifest: get: %w", err)
 		}
-		var old BatchManifest
+		var old rungate.Manifest
 		if json.Unmarshal(e.value, &old) == nil && old.Caller != m.Caller {
 			return false, nil
 		}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
-	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/rungate"
 )
 
 // publishBatch publishes n batch items of batch id on sys1.batch.svc-a.<id>, each with its
@@ -147,12 +147,12 @@ func TestBatchManifestIsKeptForItsCaller(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored := func() (worker.BatchManifest, bool) {
-		e, err := kv.Get(ctx, worker.BatchManifestKey("b-1"))
+	stored := func() (rungate.Manifest, bool) {
+		e, err := kv.Get(ctx, rungate.ManifestKey("b-1"))
 		if err != nil {
-			return worker.BatchManifest{}, false
+			return rungate.Manifest{}, false
 		}
-		var m worker.BatchManifest
+		var m rungate.Manifest
 		return m, json.Unmarshal(e.Value(), &m) == nil
 	}
 	publish("sys1.decide.svc-a", `{"batch_id":"b-1","items":50,"invalid":3}`)

@@ -13,6 +13,7 @@ import (
 	"github.com/sys1hq/sys1/worker/calibration"
 	"github.com/sys1hq/sys1/worker/calibration/calibrationtest"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/fleet"
 )
 
 // TestCalibrationFitsApplyFromTheNextRun: a fit put in sys1-calibration applies from the next
@@ -40,7 +41,7 @@ rules:
 	calibrationtest.PutFit(t, kv, "other-model", "svc-a", "urgent", contract.TypeNoul, 20)
 	fit, _ := calibrationtest.PutFit(t, kv, "nimble", "svc-a", "urgent", contract.TypeNoul, 0.1)
 	waitFor(t, "the fits in capabilities", 10*time.Second, func() bool {
-		caps, err := worker.AskFleet(context.Background(), h.nc, wire.CapabilitiesSubject, time.Second)
+		caps, err := fleet.Ask(context.Background(), h.nc, wire.CapabilitiesSubject, time.Second)
 		var c worker.Capabilities
 		return err == nil && len(caps) == 1 && json.Unmarshal(caps[0], &c) == nil && len(c.Calibration) == 2
 	})

@@ -3,18 +3,16 @@ package worker
 import (
 	"bytes"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -23,61 +21,16 @@ import (
 // finished, its stored outcome. Every transition is a compare-and-set on the entry's revision,
 // so two replicas can never both believe they own the same step.
 
+// A gate entry's value and its statuses are rungate's, which sys1 batch status reads too.
 const (
-	runRunning = "running"
-	runDone    = "done"
+	runRunning = rungate.StatusRunning
+	runDone    = rungate.StatusDone
 )
 
-// runState is the value of a gate entry.
-type runState struct {
-	Caller    string             `json:"caller"`
-	Status    string             `json:"status"`
-	StreamSeq uint64             `json:"stream_seq"`
-	StartedAt time.Time          `json:"started_at"`
-	Attempts  []contract.Attempt `json:"attempts,omitempty"`
-	// Waits counts the deliveries that waited for the caller's limits (a rate limit's window,
-	// an in-flight slot) instead of running: they do not count against SYS1_MAX_DELIVER.
-	Waits int `json:"waits,omitempty"`
-	// Owner is the delivery running the run now (a token of its own) and LeaseUntil how long
-	// the run is its: JetStream can hand the same message to a second replica while the first
-	// still runs it (a consumer's leader dies before the delivery was replicated, and the new
-	// leader delivers it again at once), and without a lease both would call the model. A
-	// delivery that finds another's live lease waits; one that finds it lapsed (its replica
-	// died) takes the run over. Released (emptied) when a delivery ends without finishing.
-	Owner      string    `json:"owner,omitempty"`
-	LeaseUntil time.Time `json:"lease_until,omitzero"`
-	// Outcome of a finished run: what a replay needs, and nothing more. The exact reply bytes
-	// answer any later delivery of the run id; the record is written again only when the
-	// run's own message comes back (a crash between finishing and acking), and is rebuilt
-	// then from that message's request and Finished — the gate never holds the request.
-	ReplyTo  string          `json:"reply_to,omitempty"`
-	Reply    json.RawMessage `json:"reply,omitempty"`
-	Subject  string          `json:"record_subject,omitempty"`
-	Finished *finishedState  `json:"finished,omitempty"`
-	// Held lists the questions a person must label before the reply is sent (review: hold);
-	// until then replays answer nothing.
-	Held []string `json:"held,omitempty"`
-	// Record is the whole record as entries written before Finished held it; read, never written.
-	Record json.RawMessage `json:"record,omitempty"`
-
-	// key is the gate entry's key (GateKey, or a legacy key), set by claim; not stored.
-	key string
-}
-
-// finishedState is what a finished run's record says beyond its reply.
-type finishedState struct {
-	At          time.Time `json:"at"`
-	Deliveries  int       `json:"deliveries"`
-	CallerKind  string    `json:"caller_kind"`
-	Roles       []string  `json:"roles,omitempty"`
-	Scopes      []string  `json:"scopes,omitempty"`
-	Provider    string    `json:"provider"`
-	Worker      string    `json:"worker"`
-	Version     string    `json:"version"`
-	OmitRequest bool      `json:"omit_request,omitempty"` // the record was too large with it
-	CostUSD     *float64  `json:"cost_usd,omitempty"`
-	CacheHit    bool      `json:"cache_hit,omitempty"`
-}
+type (
+	runState      = rungate.State
+	finishedState = rungate.Finished
+)
 
 type claimResult int
 
@@ -117,33 +70,11 @@ func (g gate) get(ctx context.Context, key string) (gateEntry, error) {
 	return gateEntry{value: value, revision: rev}, nil
 }
 
-// GateKey maps a run id to its KV key in the run-id gate. Run ids may hold ':' (not a valid
-// key character) and derived ids hold '~', so ids are hex-encoded: injective and always valid.
-// An id with a ':' is a group and an item ("<batch id>:<item id>"): its key puts a '.' between
-// the two, so GateGroupFilter can list one group's runs (a batch's) without reading the whole
-// bucket. Hex has no '.', so keys of ids without ':' never contain one, and the first ':' is
-// where the '.' goes: the mapping stays injective. An empty item is "-" (not hex), because a
-// KV key may not end in '.'.
-func GateKey(runID string) string {
-	group, item, grouped := strings.Cut(runID, ":")
-	if !grouped {
-		return "r" + hex.EncodeToString([]byte(runID))
-	}
-	if item == "" {
-		return "r" + hex.EncodeToString([]byte(group)) + ".-"
-	}
-	return "r" + hex.EncodeToString([]byte(group)) + "." + hex.EncodeToString([]byte(item))
-}
+// GateKey is a run id's key in the run-id gate (rungate.Key).
+func GateKey(runID string) string { return rungate.Key(runID) }
 
-// GateGroupFilter is the KV key filter (for ListKeysFiltered or WatchFiltered) matching every
-// run id "<group>:<item>" of one group, e.g. a batch's items.
-func GateGroupFilter(group string) string {
-	return "r" + hex.EncodeToString([]byte(group)) + ".*"
-}
-
-// legacyGateKey is the key versions before grouped keys gave every run id, ':' or not. A run
-// id with a ':' that arrived before an upgrade may still be in its legacy entry (see claim).
-func legacyGateKey(runID string) string { return "r" + hex.EncodeToString([]byte(runID)) }
+// legacyGateKey is the key versions before grouped keys gave every run id (rungate.LegacyKey).
+func legacyGateKey(runID string) string { return rungate.LegacyKey(runID) }
 
 // claim records ownership of runID for the caller of id, or reports why it cannot (a run id
 // belongs to the caller that first used it: auth.SameOwner).
@@ -162,8 +93,8 @@ func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uin
 			return 0, nil, 0, fmt.Errorf("run-id gate: get legacy entry: %w", err)
 		}
 	}
-	fresh := runState{Caller: caller, Status: runRunning, StreamSeq: seq, StartedAt: start, key: key, Owner: owner, LeaseUntil: now.Add(lease)}
-	val, err := fresh.encode()
+	fresh := runState{Caller: caller, Status: runRunning, StreamSeq: seq, StartedAt: start, Key: key, Owner: owner, LeaseUntil: now.Add(lease)}
+	val, err := fresh.Encode()
 	if err != nil {
 		return 0, nil, 0, fmt.Errorf("encode run state: %w", err)
 	}
@@ -191,7 +122,7 @@ func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uin
 		if err := json.Unmarshal(entry.value, &st); err != nil {
 			return 0, nil, 0, fmt.Errorf("run-id gate: decode entry: %w", err)
 		}
-		st.key = key
+		st.Key = key
 		switch {
 		case !auth.SameOwner(st.Caller, id):
 			return claimConflict, &st, entry.revision, nil
@@ -210,11 +141,11 @@ func (g gate) claim(ctx context.Context, runID string, id auth.Identity, seq uin
 
 // save writes st over revision rev and returns the new revision.
 func (g gate) save(ctx context.Context, runID string, st *runState, rev uint64) (uint64, error) {
-	val, err := st.encode()
+	val, err := st.Encode()
 	if err != nil {
 		return 0, fmt.Errorf("encode run state: %w", err)
 	}
-	key := st.key
+	key := st.Key
 	if key == "" {
 		key = GateKey(runID)
 	}
@@ -233,78 +164,6 @@ func (g gate) save(ctx context.Context, runID string, st *runState, rev uint64) 
 		return 0, fmt.Errorf("run-id gate: update: %w", err)
 	}
 	return newRev, nil
-}
-
-// encode is json.Marshal(st) without its cost on the hot path: the stored reply (most of the
-// entry's bytes) is spliced in as it is instead of being re-scanned and
-// re-compacted as json.RawMessage, and the small fields skip reflection. The JSON decodes to
-// the same runState (json.Unmarshal reads it back).
-func (st *runState) encode() ([]byte, error) {
-	b := make([]byte, 0, 384+160*len(st.Attempts)+len(st.Reply))
-	b = append(b, `{"caller":`...)
-	b = contract.AppendJSONString(b, st.Caller)
-	b = append(b, `,"status":`...)
-	b = contract.AppendJSONString(b, st.Status)
-	b = append(b, `,"stream_seq":`...)
-	b = strconv.AppendUint(b, st.StreamSeq, 10)
-	b = append(b, `,"started_at":`...)
-	ts, err := st.StartedAt.MarshalJSON()
-	if err != nil {
-		return nil, err
-	}
-	b = append(b, ts...)
-	if st.Waits > 0 {
-		b = append(b, `,"waits":`...)
-		b = strconv.AppendInt(b, int64(st.Waits), 10)
-	}
-	if st.Owner != "" {
-		b = append(b, `,"owner":`...)
-		b = contract.AppendJSONString(b, st.Owner)
-		lu, err := st.LeaseUntil.MarshalJSON()
-		if err != nil {
-			return nil, err
-		}
-		b = append(b, `,"lease_until":`...)
-		b = append(b, lu...)
-	}
-	if len(st.Attempts) > 0 {
-		as, err := json.Marshal(st.Attempts)
-		if err != nil {
-			return nil, err
-		}
-		b = append(b, `,"attempts":`...)
-		b = append(b, as...)
-	}
-	if st.ReplyTo != "" {
-		b = append(b, `,"reply_to":`...)
-		b = contract.AppendJSONString(b, st.ReplyTo)
-	}
-	// Reply is JSON this worker encoded (or read back from an entry it wrote).
-	if len(st.Reply) > 0 {
-		b = append(b, `,"reply":`...)
-		b = append(b, st.Reply...)
-	}
-	if st.Subject != "" {
-		b = append(b, `,"record_subject":`...)
-		b = contract.AppendJSONString(b, st.Subject)
-	}
-	if len(st.Held) > 0 {
-		h, err := json.Marshal(st.Held)
-		if err != nil {
-			return nil, err
-		}
-		b = append(b, `,"held":`...)
-		b = append(b, h...)
-	}
-	if st.Finished != nil {
-		f, err := json.Marshal(st.Finished)
-		if err != nil {
-			return nil, err
-		}
-		b = append(b, `,"finished":`...)
-		b = append(b, f...)
-	}
-	return append(b, '}'), nil
 }
 
 // messageGone reports whether the request message at seq has left the request stream (acked,

@@ -528,7 +528,7 @@ func (g gate) lookup(ctx context.Context, runID string) (*runState, uint64, erro
 		if err := json.Unmarshal(e.value, &st); err != nil {
 			return nil, 0, fmt.Errorf("%w: %w", errUnreadableEntry, err)
 		}
-		st.key = key
+		st.Key = key
 		return &st, e.revision, nil
 	}
 	return nil, 0, nil

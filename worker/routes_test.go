@@ -16,6 +16,7 @@ import (
 	"github.com/sys1hq/sys1/provider/ollamatest"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/fleet"
 	"github.com/sys1hq/sys1/worker/metricstest"
 )
 
@@ -143,7 +144,7 @@ func TestABrokenModelLeavesTheOthersAlone(t *testing.T) {
 		t.Errorf("%d calls for the missing model: its absence is remembered after the first 404", n)
 	}
 
-	raw, err := worker.AskFleet(context.Background(), h.nc, wire.HealthSubject, 5*time.Second)
+	raw, err := fleet.Ask(context.Background(), h.nc, wire.HealthSubject, 5*time.Second)
 	if err != nil || len(raw) != 1 {
 		t.Fatalf("health: %d answers, %v", len(raw), err)
 	}

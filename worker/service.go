@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
@@ -471,41 +470,4 @@ func (w *Worker) Capabilities() Capabilities {
 		}
 	}
 	return c
-}
-
-// AskFleet asks every replica's micro service on subject (wire.HealthSubject or
-// wire.CapabilitiesSubject) and returns their answers, raw. It first pings the service to learn
-// how many replicas there are, then waits for that many answers or until wait passes.
-func AskFleet(ctx context.Context, nc *nats.Conn, subject string, wait time.Duration) ([][]byte, error) {
-	// Pings come back fast; the wait only bounds a slow replica.
-	pings, err := gather(ctx, nc, "$SRV.PING."+wire.ServiceName, 0, min(wait, 500*time.Millisecond))
-	if err != nil || len(pings) == 0 {
-		return nil, err
-	}
-	return gather(ctx, nc, subject, len(pings), wait)
-}
-
-// gather sends one request to subject and collects the answers until want have arrived (0:
-// until wait passes) or wait passes.
-func gather(ctx context.Context, nc *nats.Conn, subject string, want int, wait time.Duration) ([][]byte, error) {
-	inbox := nc.NewRespInbox()
-	sub, err := nc.SubscribeSync(inbox)
-	if err != nil {
-		return nil, fmt.Errorf("subscribe to %s: %w", inbox, err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := nc.PublishRequest(subject, inbox, nil); err != nil {
-		return nil, fmt.Errorf("ask %s: %w", subject, err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	var out [][]byte
-	for want == 0 || len(out) < want {
-		m, err := sub.NextMsgWithContext(wctx)
-		if err != nil {
-			break // wait passed, or ctx ended (reported below)
-		}
-		out = append(out, m.Data)
-	}
-	return out, ctx.Err()
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/sys1hq/sys1/provider/systemonetest"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/fleet"
 	"github.com/sys1hq/sys1/worker/pause"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -28,7 +29,7 @@ func (h *harness) fleetHealth(want int) []worker.Health {
 	h.t.Helper()
 	var out []worker.Health
 	ask := func() bool {
-		answers, err := worker.AskFleet(context.Background(), h.nc, wire.HealthSubject, 5*time.Second)
+		answers, err := fleet.Ask(context.Background(), h.nc, wire.HealthSubject, 5*time.Second)
 		if err != nil {
 			h.t.Fatal(err)
 		}
@@ -69,7 +70,7 @@ func TestReplicasAnswerHealthAndCapabilitiesOverMicro(t *testing.T) {
 	}
 	// Found the way `nats micro ls` finds services: both replicas answer a ping.
 	waitFor(t, "two replicas registered", 10*time.Second, func() bool {
-		pings, err := worker.AskFleet(context.Background(), h.nc, "$SRV.PING."+wire.ServiceName, time.Second)
+		pings, err := fleet.Ask(context.Background(), h.nc, "$SRV.PING."+wire.ServiceName, time.Second)
 		return err == nil && len(pings) == 2
 	})
 	var ids []string
@@ -82,11 +83,11 @@ func TestReplicasAnswerHealthAndCapabilitiesOverMicro(t *testing.T) {
 	if strings.Join(ids, ",") != "replica-a,replica-b" && strings.Join(ids, ",") != "replica-b,replica-a" {
 		t.Errorf("replicas %v", ids)
 	}
-	raw, err := worker.AskFleet(context.Background(), h.nc, wire.HealthSubject, 5*time.Second)
+	raw, err := fleet.Ask(context.Background(), h.nc, wire.HealthSubject, 5*time.Second)
 	if err != nil || len(raw) != 2 {
 		t.Fatalf("health: %d answers, %v", len(raw), err)
 	}
-	caps, err := worker.AskFleet(context.Background(), h.nc, wire.CapabilitiesSubject, 5*time.Second)
+	caps, err := fleet.Ask(context.Background(), h.nc, wire.CapabilitiesSubject, 5*time.Second)
 	if err != nil || len(caps) != 2 {
 		t.Fatalf("capabilities: %d answers, %v", len(caps), err)
 	}

@@ -354,7 +354,7 @@ var errRunTaken = errors.New("another delivery took the run over; this one's out
 // still this delivery's (a renewal of its lease whose answer was lost), store again on the new
 // revision; if another delivery took the run over or finished it, errRunTaken.
 func (r *run) revisionMoved(ctx context.Context) error {
-	e, err := r.w.gate.get(ctx, r.state.key)
+	e, err := r.w.gate.get(ctx, r.state.Key)
 	if err != nil {
 		return fmt.Errorf("run-id gate: re-read after a revision mismatch: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/sys1hq/sys1/sink/chtest"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/fleet"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
@@ -75,7 +76,7 @@ func TestCalibrationLoopEndToEnd(t *testing.T) {
 		Temperature float64 `json:"temperature"`
 	}
 	natstest.WaitFor(t, 20*time.Second, "the fit on the replica", func() bool {
-		caps, err := worker.AskFleet(ctx, nc, wire.CapabilitiesSubject, time.Second)
+		caps, err := fleet.Ask(ctx, nc, wire.CapabilitiesSubject, time.Second)
 		var c worker.Capabilities
 		if err != nil || len(caps) != 1 || json.Unmarshal(caps[0], &c) != nil || len(c.Calibration) != 1 {
 			return false

@@ -21,6 +21,7 @@ import (
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/calibration"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/fleet"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
@@ -144,7 +145,7 @@ func TestRiskControlEndToEnd(t *testing.T) {
 	})
 	// Capabilities show the threshold the replica decides by.
 	natstest.WaitFor(t, 20*time.Second, "the risk threshold in the replica's capabilities", func() bool {
-		caps, err := worker.AskFleet(ctx, nc, wire.CapabilitiesSubject, time.Second)
+		caps, err := fleet.Ask(ctx, nc, wire.CapabilitiesSubject, time.Second)
 		var c worker.Capabilities
 		if err != nil || len(caps) != 1 || json.Unmarshal(caps[0], &c) != nil {
 			return false

@@ -18,6 +18,7 @@ import (
 	"github.com/sys1hq/sys1/provider/chain"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/budget"
+	"github.com/sys1hq/sys1/worker/fleet"
 	"github.com/sys1hq/sys1/worker/limits"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/topology"
@@ -76,7 +77,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return code
 	}
 	defer conn.Close()
-	answers, err := worker.AskFleet(ctx, conn.NC, wire.HealthSubject, *wait)
+	answers, err := fleet.Ask(ctx, conn.NC, wire.HealthSubject, *wait)
 	if err != nil {
 		fmt.Fprintf(stderr, "sys1 status: %v\n", err)
 		return exitUsage
@@ -143,7 +144,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // callerUses reads the limits the replicas enforce (their capabilities) and every counted
 // caller's use against them (KV sys1-limits).
 func callerUses(ctx context.Context, conn *natsconn.Conn, topo topology.Config, wait time.Duration) ([]callerUse, error) {
-	caps, err := worker.AskFleet(ctx, conn.NC, wire.CapabilitiesSubject, wait)
+	caps, err := fleet.Ask(ctx, conn.NC, wire.CapabilitiesSubject, wait)
 	if err != nil || len(caps) == 0 {
 		return []callerUse{}, err
 	}

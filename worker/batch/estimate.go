@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sys1hq/sys1/contract/wire"
+	"github.com/sys1hq/sys1/worker/fleet"
 )
 
 // Estimate is how long a batch should take, from what the replicas report.
@@ -61,21 +62,22 @@ func (c capability) latency() (float64, bool) {
 func EstimateDuration(ctx context.Context, nc *nats.Conn, items int, wait time.Duration) Estimate {
 	var est Estimate
 	ids := map[string]bool{}
-	for _, m := range gather(ctx, nc, wire.PingSubject, wait) {
+	pings, _ := fleet.Gather(ctx, nc, wire.PingSubject, 0, wait)
+	for _, m := range pings {
 		var p struct {
 			ID string `json:"id"`
 		}
-		if json.Unmarshal(m.Data, &p) == nil && p.ID != "" {
+		if json.Unmarshal(m, &p) == nil && p.ID != "" {
 			ids[p.ID] = true
 		}
 	}
-	caps := gather(ctx, nc, wire.CapabilitiesSubject, wait)
+	caps, _ := fleet.Gather(ctx, nc, wire.CapabilitiesSubject, 0, wait)
 	var perSecond, latencySum float64
 	var conc, concOnly int
 	seen := map[string]bool{}
 	for _, m := range caps {
 		var c capability
-		if json.Unmarshal(m.Data, &c) != nil {
+		if json.Unmarshal(m, &c) != nil {
 			continue
 		}
 		if id := c.id(); id != "" {
@@ -118,34 +120,4 @@ func EstimateDuration(ctx context.Context, nc *nats.Conn, items int, wait time.D
 	est.PerSecond = perSecond * scale
 	est.DurationMS = int64(float64(items) / est.PerSecond * 1000)
 	return est
-}
-
-// gather publishes an empty request to subject and collects every reply within wait.
-func gather(ctx context.Context, nc *nats.Conn, subject string, wait time.Duration) []*nats.Msg {
-	inbox := nc.NewInbox()
-	ch := make(chan *nats.Msg, 64)
-	sub, err := nc.ChanSubscribe(inbox, ch)
-	if err != nil {
-		return nil
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := nc.PublishRequest(subject, inbox, nil); err != nil {
-		return nil
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	var out []*nats.Msg
-	for {
-		select {
-		case m := <-ch:
-			if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
-				return out // no responders
-			}
-			out = append(out, m)
-		case <-t.C:
-			return out
-		case <-ctx.Done():
-			return out
-		}
-	}
 }

@@ -16,8 +16,8 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
-	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/client"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -407,13 +407,13 @@ func mustJSON(e *contract.Error) []byte {
 	return b
 }
 
-// manifest is the batch's manifest message (worker.BatchManifest): how many items the input
+// manifest is the batch's manifest message (rungate.Manifest): how many items the input
 // has and how many are invalid, on the caller's sys1.decide.<caller> (see
 // worker/batch_manifest.go). Its message id is derived from its content, so running the batch
 // again stores it once.
 func (r *runner) manifest() *nats.Msg {
 	m := nats.NewMsg(wire.Decide(r.cfg.Caller))
-	m.Data, _ = json.Marshal(worker.BatchManifest{BatchID: r.cfg.BatchID, Items: r.plan.Entries, Invalid: r.plan.Invalid})
+	m.Data, _ = json.Marshal(rungate.Manifest{BatchID: r.cfg.BatchID, Items: r.plan.Entries, Invalid: r.plan.Invalid})
 	m.Header.Set(wire.HeaderBatchManifest, "1")
 	m.Header.Set(wire.HeaderMsgID, fmt.Sprintf("manifest:%s:%d:%d", r.cfg.BatchID, r.plan.Entries, r.plan.Invalid))
 	if r.cfg.Token != "" {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
-	"github.com/sys1hq/sys1/worker"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -34,7 +34,7 @@ import (
 // new --id runs it afresh.
 
 // CancelMarkerKey is the cancel marker's key in the run-id gate bucket. Gate entries' keys
-// start with "r" (worker.GateKey), so the two never meet.
+// start with "r" (rungate.Key), so the two never meet.
 func CancelMarkerKey(batchID string) string { return "batch-cancelled." + batchID }
 
 // CancelMarker is the marker's value.
@@ -124,7 +124,7 @@ type StatusReport struct {
 	// item's message stays until it is acknowledged), and re-sent copies.
 	InStream    uint64     `json:"in_stream"`
 	CancelledAt *time.Time `json:"cancelled_at,omitempty"`
-	// From the batch's manifest (worker.BatchManifest), which sys1 batch run publishes before
+	// From the batch's manifest (rungate.Manifest), which sys1 batch run publishes before
 	// anything else: the input's items, and those that failed the contract check and were
 	// never sent. Items is null when no manifest is known (a batch run by an older sys1).
 	Items   *int `json:"items"`
@@ -136,17 +136,13 @@ func (s *StatusReport) Known() bool {
 	return s.Succeeded+s.Failed+s.Cancelled+s.Running > 0 || s.InStream > 0 || s.CancelledAt != nil || s.Items != nil
 }
 
-// gateEntry is the part of a run-id gate value (worker/gate.go runState) status reads.
-type gateEntry struct {
-	Status  string `json:"status"` // running | done
-	Subject string `json:"record_subject"`
-	Reply   *struct {
-		Error *errorBody `json:"error"`
-	} `json:"reply"`
+// storedReply is the part of a finished run's stored reply (rungate.State.Reply) status reads.
+type storedReply struct {
+	Error *errorBody `json:"error"`
 }
 
 // Status counts a batch's items from the run-id gate (one filtered watch over the batch's
-// keys, worker.GateGroupFilter) and its messages in the request stream. It needs read access
+// keys, rungate.GroupFilter) and its messages in the request stream. It needs read access
 // to the gate bucket and stream info; it works from any machine with those NATS permissions.
 func Status(ctx context.Context, js jetstream.JetStream, names Names, batchID, caller string) (*StatusReport, error) {
 	if err := ValidBatchID(batchID); err != nil {
@@ -175,8 +171,8 @@ func Status(ctx context.Context, js jetstream.JetStream, names Names, batchID, c
 		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return nil, fmt.Errorf("read the cancel marker: %w", err)
 		}
-		if e, err := kv.Get(ctx, worker.BatchManifestKey(batchID)); err == nil {
-			var m worker.BatchManifest
+		if e, err := kv.Get(ctx, rungate.ManifestKey(batchID)); err == nil {
+			var m rungate.Manifest
 			if json.Unmarshal(e.Value(), &m) == nil && (caller == "" || m.Caller == caller) {
 				rep.Items, rep.Invalid = &m.Items, m.Invalid
 			}
@@ -196,7 +192,7 @@ func Status(ctx context.Context, js jetstream.JetStream, names Names, batchID, c
 }
 
 func (s *StatusReport) readGate(ctx context.Context, kv jetstream.KeyValue) error {
-	w, err := kv.WatchFiltered(ctx, []string{worker.GateGroupFilter(s.BatchID)}, jetstream.IgnoreDeletes())
+	w, err := kv.WatchFiltered(ctx, []string{rungate.GroupFilter(s.BatchID)}, jetstream.IgnoreDeletes())
 	if err != nil {
 		return fmt.Errorf("watch the run-id gate: %w", err)
 	}
@@ -216,22 +212,29 @@ func (s *StatusReport) readGate(ctx context.Context, kv jetstream.KeyValue) erro
 			if e == nil {
 				return nil // every current entry was delivered
 			}
-			var g gateEntry
+			var g rungate.State
 			if json.Unmarshal(e.Value(), &g) != nil {
 				continue
 			}
+			var reply *storedReply
+			if len(g.Reply) > 0 {
+				reply = &storedReply{}
+				if json.Unmarshal(g.Reply, reply) != nil {
+					reply = nil
+				}
+			}
 			switch {
-			case g.Status != "done":
+			case g.Status != rungate.StatusDone:
 				s.Running++
 			case strings.HasSuffix(g.Subject, "."+string(contract.StatusSuccess)):
 				s.Succeeded++
-			case mark != "" && g.Reply != nil && g.Reply.Error != nil && g.Reply.Error.Code == string(contract.CodeExpired) && strings.Contains(g.Reply.Error.Message, mark):
+			case mark != "" && reply != nil && reply.Error != nil && reply.Error.Code == string(contract.CodeExpired) && strings.Contains(reply.Error.Message, mark):
 				s.Cancelled++
 			default:
 				s.Failed++
 				code := "unknown"
-				if g.Reply != nil && g.Reply.Error != nil && g.Reply.Error.Code != "" {
-					code = g.Reply.Error.Code
+				if reply != nil && reply.Error != nil && reply.Error.Code != "" {
+					code = reply.Error.Code
 				}
 				s.ErrorCodes[code]++
 			}

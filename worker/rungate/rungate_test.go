@@ -1,15 +1,15 @@
-package worker
+package rungate
 
 import (
 	"strings"
 	"testing"
 )
 
-func TestGateKeyIsInjectiveValidAndGroupsBatches(t *testing.T) {
+func TestKeyIsInjectiveValidAndGroupsBatches(t *testing.T) {
 	ids := []string{"a", "a:b", "a:", ":b", ":", "a:b:c", "ab", "a.b", "SYS1_REQUESTS~7~abc", "batch1:item-1", "batch1:item-2", "batch10:item-1"}
 	seen := map[string]string{}
 	for _, id := range ids {
-		k := GateKey(id)
+		k := Key(id)
 		if other, dup := seen[k]; dup {
 			t.Fatalf("%q and %q share key %q", id, other, k)
 		}
@@ -23,9 +23,9 @@ func TestGateKeyIsInjectiveValidAndGroupsBatches(t *testing.T) {
 			}
 		}
 	}
-	filter := strings.TrimSuffix(GateGroupFilter("batch1"), "*")
+	filter := strings.TrimSuffix(GroupFilter("batch1"), "*")
 	for _, id := range ids {
-		in := strings.HasPrefix(GateKey(id), filter) && !strings.Contains(strings.TrimPrefix(GateKey(id), filter), ".")
+		in := strings.HasPrefix(Key(id), filter) && !strings.Contains(strings.TrimPrefix(Key(id), filter), ".")
 		if want := strings.HasPrefix(id, "batch1:"); in != want {
 			t.Errorf("%q in group batch1 = %v, want %v", id, in, want)
 		}
