@@ -88,7 +88,7 @@ func (w *Worker) checkBatchManifest(ctx context.Context, msg jetstream.Msg) (run
 	if err := d.Decode(&m); err != nil {
 		return m, "not a manifest: " + err.Error()
 	}
-	if !validBatchID(m.BatchID) {
+	if !wire.ValidBatchID(m.BatchID) {
 		return m, fmt.Sprintf("batch_id %q is not a batch id (1–64 of A-Za-z0-9_-)", echo(m.BatchID))
 	}
 	if m.Items < 0 || m.Invalid < 0 || m.Invalid > m.Items {
@@ -126,19 +126,4 @@ func (w *Worker) keepBatchManifest(ctx context.Context, m rungate.Manifest) (kep
 		}
 	}
 	return false, errors.New("batch manifest: the entry keeps changing")
-}
-
-// validBatchID is worker/batch's ValidBatchID, which this package cannot import: 1–64 of
-// A-Za-z0-9_- (a subject token, and the group of its items' run ids).
-func validBatchID(id string) bool {
-	if id == "" || len(id) > 64 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
 }

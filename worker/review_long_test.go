@@ -22,7 +22,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/client"
-	"github.com/sys1hq/sys1/worker/review"
+	"github.com/sys1hq/sys1/cmd/sys1/review"
 )
 
 // holdAllPolicy holds every question for review (the fake's confidence is below 0.99).

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sys1hq/sys1/worker/batch/batchtest"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch/batchtest"
 )
 
 // sparseBigLine writes a file whose second line is over 1 GiB long as a sparse file: the long

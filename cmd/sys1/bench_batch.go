@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sys1hq/sys1/contract/wire"
-	"github.com/sys1hq/sys1/worker/batch"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
 )
 
 // benchBatch is a batch run beside the interactive load (bench --self --batch N): the real

@@ -17,7 +17,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -586,41 +585,10 @@ type labelGroup struct {
 	RiskSkipped map[calibration.SkipReason]int
 }
 
-// load reads the window's rows (only the columns named here, all in the view's documented
-// set) and groups them per (model, caller, question) in that order. Rows that cannot be used
-// are counted per reason, overall and in their group.
+// load reads the window's rows (sink.ReadLabelledAnswers) and groups them per (model,
+// caller, question) in that order. Rows that cannot be used are counted per reason, overall
+// and in their group.
 func (q labelQuery) load(ctx context.Context, conn driver.Conn) (groups []labelGroup, rows int, skipped map[calibration.SkipReason]int, err error) {
-	// The window's bounds go as millisecond text: a time.Time argument is sent to ClickHouse in
-	// whole seconds, which would drop every label of the last second before until.
-	cols := "run_id, caller, model, question, type, labelled_at, label, confidence, prob_keys, prob_values"
-	if q.risk {
-		cols += ", source, verdict, audit_share, correct"
-	}
-	sql := "SELECT " + cols + " FROM `" + q.database + "`.labelled_answers" +
-		" WHERE labelled_at >= toDateTime64(?, 3, 'UTC') AND labelled_at < toDateTime64(?, 3, 'UTC')"
-	const ms = "2006-01-02 15:04:05.000"
-	args := []any{q.since.UTC().Format(ms), q.until.UTC().Format(ms)}
-	for _, c := range []struct{ col, v string }{{"model", q.model}, {"caller", q.caller}, {"question", q.question}} {
-		if c.v != "" {
-			sql += " AND " + c.col + " = ?"
-			args = append(args, c.v)
-		}
-	}
-	sql += " ORDER BY model, caller, question, labelled_at, run_id"
-	res, err := conn.Query(ctx, sql, args...)
-	if err != nil {
-		// UNKNOWN_TABLE (60), UNKNOWN_DATABASE (81): the labels schema is not there yet;
-		// UNKNOWN_IDENTIFIER (47): a view from before audit_share (migration 0005).
-		if ex, ok := errors.AsType[*clickhouse.Exception](err); ok && (ex.Code == 60 || ex.Code == 81) {
-			return nil, 0, nil, fmt.Errorf("%s.labelled_answers does not exist: run 'sys1 migrate' with a sys1 that has the labels schema (%w)", q.database, err)
-		}
-		if ex, ok := errors.AsType[*clickhouse.Exception](err); ok && ex.Code == 47 && q.risk {
-			return nil, 0, nil, fmt.Errorf("%s.labelled_answers lacks the columns risk fits read (audit_share: schema version 5): run 'sys1 migrate' (%w)", q.database, err)
-		}
-		return nil, 0, nil, fmt.Errorf("read %s.labelled_answers: %w", q.database, err)
-	}
-	defer res.Close()
-
 	skipped = map[calibration.SkipReason]int{}
 	var cur []labelRow
 	flush := func() {
@@ -629,26 +597,32 @@ func (q labelQuery) load(ctx context.Context, conn driver.Conn) (groups []labelG
 		}
 		cur = nil
 	}
-	for res.Next() {
-		var r labelRow
-		dest := []any{&r.runID, &r.caller, &r.model, &r.question, &r.typ, &r.labelledAt, &r.label, &r.confidence, &r.keys, &r.values}
-		if q.risk {
-			dest = append(dest, &r.source, &r.verdict, &r.auditShare, &r.correct)
-		}
-		if err := res.Scan(dest...); err != nil {
-			return nil, 0, nil, fmt.Errorf("read %s.labelled_answers: %w", q.database, err)
-		}
+	err = sink.ReadLabelledAnswers(ctx, conn, q.sinkQuery(), func(a sink.LabelledAnswer) error {
+		r := labelRow{runID: a.RunID, caller: a.Caller, model: a.Model, question: a.Question, typ: a.Type, labelledAt: a.LabelledAt,
+			label: a.Label, confidence: a.Confidence, keys: a.ProbKeys, values: a.ProbValues,
+			source: a.Source, verdict: a.Verdict, auditShare: a.AuditShare, correct: a.Correct}
 		rows++
 		if len(cur) > 0 && (cur[0].model != r.model || cur[0].caller != r.caller || cur[0].question != r.question) {
 			flush()
 		}
 		cur = append(cur, r)
-	}
-	if err := res.Err(); err != nil {
-		return nil, 0, nil, fmt.Errorf("read %s.labelled_answers: %w", q.database, err)
+		return nil
+	})
+	switch {
+	case errors.Is(err, sink.ErrNoLabelsSchema):
+		return nil, 0, nil, fmt.Errorf("%s.labelled_answers does not exist: run 'sys1 migrate' with a sys1 that has the labels schema (%w)", q.database, err)
+	case errors.Is(err, sink.ErrNoRiskColumns):
+		return nil, 0, nil, fmt.Errorf("%s.labelled_answers lacks the columns risk fits read (audit_share: schema version 5): run 'sys1 migrate' (%w)", q.database, err)
+	case err != nil:
+		return nil, 0, nil, err
 	}
 	flush()
 	return groups, rows, skipped, nil
+}
+
+// sinkQuery is the window and filters as the sink's queries take them.
+func (q labelQuery) sinkQuery() sink.LabelledQuery {
+	return sink.LabelledQuery{Database: q.database, Since: q.since, Until: q.until, Model: q.model, Caller: q.caller, Question: q.question, Risk: q.risk}
 }
 
 // buildGroup turns one group's rows (in labelled_at order) into samples: the latest label of

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -348,41 +347,19 @@ func storeEvaluation(ctx context.Context, kv jetstream.KeyValue, stored calibrat
 }
 
 // verdictCounts reads, from the run records finished in the window, each question's decided
-// and abstained (or reviewed) answers, keyed like the fits. When the runs table cannot be
-// read (a database without sys1's run schema) it returns a note instead.
+// and abstained (or reviewed) answers, keyed like the fits (sink.ReadVerdictCounts). When the
+// runs table cannot be read (a database without sys1's run schema) it returns a note instead.
 func (q labelQuery) verdictCounts(ctx context.Context, conn driver.Conn) (map[string][2]int64, string) {
-	sql := "SELECT CAST(model AS String), CAST(caller AS String), CAST(answers.name AS String) AS question," +
-		" countIf(answers.verdict = 'decided'), countIf(answers.verdict IN ('abstained', 'reviewed'))" +
-		" FROM `" + q.database + "`.runs FINAL ARRAY JOIN answers" +
-		" WHERE finished_at >= toDateTime64(?, 3, 'UTC') AND finished_at < toDateTime64(?, 3, 'UTC')"
-	const ms = "2006-01-02 15:04:05.000"
-	args := []any{q.since.UTC().Format(ms), q.until.UTC().Format(ms)}
-	for _, c := range []struct{ col, v string }{{"model", q.model}, {"caller", q.caller}, {"answers.name", q.question}} {
-		if c.v != "" {
-			sql += " AND " + c.col + " = ?"
-			args = append(args, c.v)
-		}
-	}
-	sql += " GROUP BY 1, 2, 3"
-	rows, err := conn.Query(ctx, sql, args...)
-	if err != nil {
-		if ex, ok := errors.AsType[*clickhouse.Exception](err); ok && (ex.Code == 60 || ex.Code == 81) {
-			return nil, fmt.Sprintf("no run records (%s.runs does not exist): coverage and abstention rate unknown", q.database)
-		}
+	counts, err := sink.ReadVerdictCounts(ctx, conn, q.sinkQuery())
+	switch {
+	case errors.Is(err, sink.ErrNoRunsSchema):
+		return nil, fmt.Sprintf("no run records (%s.runs does not exist): coverage and abstention rate unknown", q.database)
+	case err != nil:
 		return nil, fmt.Sprintf("run records unreadable (%v): coverage and abstention rate unknown", err)
 	}
-	defer rows.Close()
 	out := map[string][2]int64{}
-	for rows.Next() {
-		var model, caller, question string
-		var decided, abstained uint64
-		if err := rows.Scan(&model, &caller, &question, &decided, &abstained); err != nil {
-			return nil, fmt.Sprintf("run records unreadable (%v): coverage and abstention rate unknown", err)
-		}
-		out[calibration.Key(model, caller, question)] = [2]int64{int64(decided), int64(abstained)}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Sprintf("run records unreadable (%v): coverage and abstention rate unknown", err)
+	for _, c := range counts {
+		out[calibration.Key(c.Model, c.Caller, c.Question)] = [2]int64{c.Decided, c.Abstained}
 	}
 	return out, ""
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/worker/natsconn"
-	"github.com/sys1hq/sys1/worker/review"
+	"github.com/sys1hq/sys1/cmd/sys1/review"
 	"github.com/sys1hq/sys1/worker/startup"
 	"github.com/sys1hq/sys1/worker/topology"
 )

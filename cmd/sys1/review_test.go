@@ -14,7 +14,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
-	"github.com/sys1hq/sys1/worker/review"
+	"github.com/sys1hq/sys1/cmd/sys1/review"
 )
 
 func writeReviewers(t *testing.T, content string) string {

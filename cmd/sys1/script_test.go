@@ -264,7 +264,7 @@ type reviewSession struct {
 var csrfInPage = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 
 // cmdReview drives the review page as a reviewer's browser does, for the review flow's
-// script (the page itself is tested in Chromium in worker/review):
+// script (the page itself is tested in Chromium in cmd/sys1/review):
 //
 //	review login URL USER PASSWORD   sign in (stdout: the queue)
 //	review get PATH                  a page (stdout: its HTML)

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/sys1hq/sys1/worker/natsconn"
-	"github.com/sys1hq/sys1/worker/soak"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/soak"
 )
 
 func init() {

@@ -153,6 +153,24 @@ func ValidRunID(id string) bool {
 	return true
 }
 
+// MaxBatchIDLen is the longest batch id: a batch's items are run ids "<batch id>:<item id>",
+// which leaves the item 128 − 64 − 1 bytes.
+const MaxBatchIDLen = 64
+
+// ValidBatchID reports whether id can be a batch id: 1–64 of A-Za-z0-9_- — one subject token
+// (sys1.batch.<caller>.<batch id>, so no '.') and the group of its items' run ids (so no ':').
+func ValidBatchID(id string) bool {
+	if id == "" || len(id) > MaxBatchIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 // ValidToken reports whether s can be one literal subject token: a caller token, a batch
 // id. A lone "*" or ">" is a wildcard, not a token; '*' or '>' inside a longer token is
 // literal to NATS.

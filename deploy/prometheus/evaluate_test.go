@@ -21,7 +21,7 @@ import (
 
 	"github.com/sys1hq/sys1/sink"
 	"github.com/sys1hq/sys1/worker/metrics"
-	"github.com/sys1hq/sys1/worker/review"
+	"github.com/sys1hq/sys1/cmd/sys1/review"
 )
 
 // pendingMetrics are families pinned for changes in flight: the rules use them already and

@@ -31,7 +31,7 @@ import (
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/policy"
-	"github.com/sys1hq/sys1/worker/review"
+	"github.com/sys1hq/sys1/cmd/sys1/review"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 

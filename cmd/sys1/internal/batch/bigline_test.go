@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/worker/batch"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
 )
 
 // GiB is the length of the long line's hole.

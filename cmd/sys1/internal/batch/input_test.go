@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/worker/batch"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
 )
 
 func scanAll(t *testing.T, in batch.Input) ([]batch.Entry, *batch.Plan, error) {

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sys1hq/sys1/worker/batch"
-	"github.com/sys1hq/sys1/worker/batch/batchtest"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch/batchtest"
 )
 
 // TestBatchCancelMidway: cancelling a batch while it runs removes its queued requests; the run

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sys1hq/sys1/worker/batch"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
 )
 
 // TestBatchScanStreams200kLines: validating a 200,000-line input holds one line at a time (and

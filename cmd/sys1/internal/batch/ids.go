@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+
+	"github.com/sys1hq/sys1/contract/wire"
 )
 
 // Identifier rules.
@@ -14,16 +16,19 @@ import (
 // A-Za-z0-9_- (no '.', which would split the subject, and no ':', which separates the group
 // from the item) and at most MaxBatchIDLen characters, which leaves MaxItemIDLen for the item.
 const (
-	MaxBatchIDLen = 64
-	MaxItemIDLen  = 128 - MaxBatchIDLen - 1
+	MaxBatchIDLen = wire.MaxBatchIDLen
+	MaxItemIDLen  = wire.MaxRunIDLen - MaxBatchIDLen - 1
 	// hashedPrefix starts the item id of a custom id that cannot be used verbatim.
 	hashedPrefix = "h-"
 	// derivedPrefix starts a batch id derived from the input (DeriveBatchID).
 	derivedPrefix = "b-"
 )
 
-// ValidBatchID reports why id cannot be a batch id, or nil.
+// ValidBatchID reports why id cannot be a batch id (wire.ValidBatchID), or nil.
 func ValidBatchID(id string) error {
+	if wire.ValidBatchID(id) {
+		return nil
+	}
 	if id == "" || len(id) > MaxBatchIDLen {
 		return fmt.Errorf("batch id %q must be 1–%d characters, got %d", truncate(id, 80), MaxBatchIDLen, len(id))
 	}

@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sys1hq/sys1/worker/batch"
-	"github.com/sys1hq/sys1/worker/batch/batchtest"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch/batchtest"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 

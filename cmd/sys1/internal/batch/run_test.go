@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sys1hq/sys1/worker/batch"
-	"github.com/sys1hq/sys1/worker/batch/batchtest"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch/batchtest"
 )
 
 // TestBatchTenThousandLines: 10,000 lines, 1% of them invalid in every way a line can be,

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sys1hq/sys1/worker/batch"
+	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
 )
 
 // BenchmarkScan is the validation pass over a JSONL input of wrapped ticket requests; it
