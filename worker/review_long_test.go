@@ -20,9 +20,9 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/sys1hq/sys1/cmd/sys1/review"
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/client"
-	"github.com/sys1hq/sys1/cmd/sys1/review"
 )
 
 // holdAllPolicy holds every question for review (the fake's confidence is below 0.99).

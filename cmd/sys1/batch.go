@@ -14,8 +14,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/topology"
 )

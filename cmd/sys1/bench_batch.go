@@ -16,8 +16,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
+	"github.com/sys1hq/sys1/contract/wire"
 )
 
 // benchBatch is a batch run beside the interactive load (bench --self --batch N): the real

@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/cmd/sys1/review"
+	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/startup"
 	"github.com/sys1hq/sys1/worker/topology"
 )

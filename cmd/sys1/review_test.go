@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
-	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/cmd/sys1/review"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
 func writeReviewers(t *testing.T, content string) string {

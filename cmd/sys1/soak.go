@@ -11,8 +11,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/cmd/sys1/internal/soak"
+	"github.com/sys1hq/sys1/worker/natsconn"
 )
 
 func init() {

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sys1hq/sys1/sink/chtest"
 	"github.com/sys1hq/sys1/cmd/sys1/internal/soak"
+	"github.com/sys1hq/sys1/sink/chtest"
 )
 
 // TestSoak is the 60-second soak of issue 24, run by .ci/test: 3 NATS nodes, 2 workers, the

@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/sys1hq/sys1/cmd/sys1/review"
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/examples"
 	"github.com/sys1hq/sys1/contract/wire"
@@ -31,7 +32,6 @@ import (
 	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 	"github.com/sys1hq/sys1/worker/policy"
-	"github.com/sys1hq/sys1/cmd/sys1/review"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 

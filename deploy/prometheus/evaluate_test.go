@@ -19,9 +19,9 @@ import (
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/parser"
 
+	"github.com/sys1hq/sys1/cmd/sys1/review"
 	"github.com/sys1hq/sys1/sink"
 	"github.com/sys1hq/sys1/worker/metrics"
-	"github.com/sys1hq/sys1/cmd/sys1/review"
 )
 
 // pendingMetrics are families pinned for changes in flight: the rules use them already and

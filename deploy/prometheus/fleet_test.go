@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/sys1hq/sys1/cmd/sys1/review"
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider/ollama"
 	"github.com/sys1hq/sys1/provider/ollamatest"
@@ -31,7 +32,6 @@ import (
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/policy"
-	"github.com/sys1hq/sys1/cmd/sys1/review"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
+	"github.com/sys1hq/sys1/contract"
 )
 
 // GiB is the length of the long line's hole.

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
+	"github.com/sys1hq/sys1/contract"
 )
 
 func scanAll(t *testing.T, in batch.Input) ([]batch.Entry, *batch.Plan, error) {

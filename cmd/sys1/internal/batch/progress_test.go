@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/cmd/sys1/internal/batch"
+	"github.com/sys1hq/sys1/contract/wire"
 )
 
 func TestBatchProgressLiveBar(t *testing.T) {
