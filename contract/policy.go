@@ -6,34 +6,9 @@ import (
 	"time"
 )
 
-// Config is the server's request policy as operators set it (SPEC §7).
-type Config struct {
-	// Model is the default model for requests that name none; it is always allowed.
-	Model string `env:"SYS1_MODEL" envDefault:"nimble"`
-	// AllowedModels are further models callers may name (comma list).
-	AllowedModels []string `env:"SYS1_ALLOWED_MODELS" envSeparator:","`
-	// KeepAlive is sent upstream as keep_alive: unset means the server default, all digits a
-	// number of seconds, anything else a Go duration such as "5m" (negative: keep forever).
-	KeepAlive string `env:"SYS1_KEEP_ALIVE"`
-}
-
-// Validate returns one error per bad variable, each naming it.
-func (c *Config) Validate() []error {
-	var errs []error
-	if strings.TrimSpace(c.Model) == "" {
-		errs = append(errs, fmt.Errorf("SYS1_MODEL: must not be blank"))
-	}
-	for i, m := range c.AllowedModels {
-		// A trailing comma is harmless; a blank entry in the middle is likely a typo.
-		if strings.TrimSpace(m) == "" && i < len(c.AllowedModels)-1 {
-			errs = append(errs, fmt.Errorf("SYS1_ALLOWED_MODELS: entry %d is blank", i+1))
-		}
-	}
-	if err := checkKeepAlive(strings.TrimSpace(c.KeepAlive)); err != nil {
-		errs = append(errs, fmt.Errorf("SYS1_KEEP_ALIVE: %w", err))
-	}
-	return errs
-}
+// CheckKeepAlive says what is wrong with a keep_alive setting (SYS1_KEEP_ALIVE), or nil:
+// unset, all digits (seconds), or a Go duration such as "5m" (negative: keep forever).
+func CheckKeepAlive(v string) error { return checkKeepAlive(strings.TrimSpace(v)) }
 
 func checkKeepAlive(v string) error {
 	if v == "" || isDigits(v) {
@@ -55,17 +30,6 @@ func isDigits(s string) bool {
 		}
 	}
 	return true
-}
-
-// Policy returns the resolution policy the configuration describes.
-func (c Config) Policy() Policy {
-	p := Policy{DefaultModel: strings.TrimSpace(c.Model), KeepAlive: strings.TrimSpace(c.KeepAlive)}
-	for _, m := range c.AllowedModels {
-		if m = strings.TrimSpace(m); m != "" {
-			p.AllowedModels = append(p.AllowedModels, m)
-		}
-	}
-	return p
 }
 
 // Policy is the server's resolution policy (SYS1_MODEL, SYS1_ALLOWED_MODELS, SYS1_KEEP_ALIVE).

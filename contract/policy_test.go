@@ -2,12 +2,9 @@ package contract
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
-
-	"github.com/caarlos0/env/v11"
 )
 
 func mustDecode(t testing.TB, body string) *Request {
@@ -181,43 +178,6 @@ func TestResolveImageTotal(t *testing.T) {
 	}
 	if _, err := (Policy{DefaultModel: "nimble"}).Resolve(&at); err == nil || err.Code != CodeRequestTooLarge {
 		t.Fatalf("escaped line breaks not counted: %v", err)
-	}
-}
-
-func TestConfig(t *testing.T) {
-	tests := []struct {
-		name string
-		env  map[string]string
-		want Policy
-		errs []string
-	}{
-		{"defaults", nil, Policy{DefaultModel: "nimble"}, nil},
-		{"full", map[string]string{"SYS1_MODEL": "clef", "SYS1_ALLOWED_MODELS": " a , b,", "SYS1_KEEP_ALIVE": "10m"},
-			Policy{DefaultModel: "clef", AllowedModels: []string{"a", "b"}, KeepAlive: "10m"}, nil},
-		{"seconds", map[string]string{"SYS1_KEEP_ALIVE": "600"}, Policy{DefaultModel: "nimble", KeepAlive: "600"}, nil},
-		{"bad", map[string]string{"SYS1_MODEL": " ", "SYS1_KEEP_ALIVE": "5 minutes", "SYS1_ALLOWED_MODELS": "a,,b"}, Policy{},
-			[]string{"SYS1_MODEL: must not be blank", "SYS1_ALLOWED_MODELS: entry 2 is blank", `SYS1_KEEP_ALIVE: "5 minutes" is neither a number of seconds nor a duration`}},
-		{"negative without unit", map[string]string{"SYS1_KEEP_ALIVE": "-1"}, Policy{}, []string{"SYS1_KEEP_ALIVE:"}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var c Config
-			if err := env.ParseWithOptions(&c, env.Options{Environment: tc.env}); err != nil {
-				t.Fatal(err)
-			}
-			errs := c.Validate()
-			if len(errs) != len(tc.errs) {
-				t.Fatalf("errors %v, want %v", errs, tc.errs)
-			}
-			for i, w := range tc.errs {
-				if !strings.Contains(errs[i].Error(), w) {
-					t.Errorf("error %q lacks %q", errs[i], w)
-				}
-			}
-			if len(tc.errs) == 0 && fmt.Sprint(c.Policy()) != fmt.Sprint(tc.want) {
-				t.Fatalf("policy %+v, want %+v", c.Policy(), tc.want)
-			}
-		})
 	}
 }
 

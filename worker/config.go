@@ -18,55 +18,69 @@ type Config struct {
 	// Concurrency is the most provider calls in flight in this replica. Up to as many more
 	// messages are in hand around them (claimed and waiting for a call, or storing and
 	// publishing their outcome), so at most 2×Concurrency messages are unacknowledged.
-	Concurrency int `env:"SYS1_CONCURRENCY" envDefault:"8"`
+	Concurrency int `env:"SYS1_CONCURRENCY"`
 	// ConcurrencyMode is how each provider's calls are limited: adaptive (from the latency
 	// the replica sees, between ConcurrencyMin and Concurrency; see provider/limit) or fixed
 	// (exactly Concurrency).
-	ConcurrencyMode string `env:"SYS1_CONCURRENCY_MODE" envDefault:"adaptive"`
+	ConcurrencyMode string `env:"SYS1_CONCURRENCY_MODE"`
 	// ConcurrencyMin and ConcurrencyInitial bound and start the adaptive limit (0: 1 and
 	// the minimum); ConcurrencyTolerance is how much slower per unit of work than the best
 	// it has seen a provider may get before the limit shrinks (0: 1.2).
-	ConcurrencyMin       int     `env:"SYS1_CONCURRENCY_MIN" envDefault:"1"`
+	ConcurrencyMin       int     `env:"SYS1_CONCURRENCY_MIN"`
 	ConcurrencyInitial   int     `env:"SYS1_CONCURRENCY_INITIAL"`
-	ConcurrencyTolerance float64 `env:"SYS1_CONCURRENCY_TOLERANCE" envDefault:"1.2"`
+	ConcurrencyTolerance float64 `env:"SYS1_CONCURRENCY_TOLERANCE"`
 	// MaxDeliver is how many deliveries a run may take before a transient error is final.
-	MaxDeliver int `env:"SYS1_MAX_DELIVER" envDefault:"5"`
+	MaxDeliver int `env:"SYS1_MAX_DELIVER"`
 	// ShutdownGrace is how long in-flight runs may take to finish after SIGTERM.
-	ShutdownGrace time.Duration `env:"SYS1_SHUTDOWN_GRACE" envDefault:"30s"`
+	ShutdownGrace time.Duration `env:"SYS1_SHUTDOWN_GRACE"`
 	// FetchBatch caps one pull request. Small on purpose: messages buffered client-side keep
 	// ageing towards AckWait while they wait for a slot (nats.go issue #1929).
-	FetchBatch int `env:"SYS1_FETCH_BATCH" envDefault:"16"`
+	FetchBatch int `env:"SYS1_FETCH_BATCH"`
 	// RetryBase and RetryMax shape the redelivery delay of transient errors: base·2^(n−1),
 	// capped, or the provider's Retry-After hint when it is longer.
-	RetryBase time.Duration `env:"SYS1_RETRY_BASE" envDefault:"1s"`
-	RetryMax  time.Duration `env:"SYS1_RETRY_MAX" envDefault:"60s"`
+	RetryBase time.Duration `env:"SYS1_RETRY_BASE"`
+	RetryMax  time.Duration `env:"SYS1_RETRY_MAX"`
 	// StoreRetry is how long a finished run retries storing its outcome in place (keeping its
 	// delivery alive meanwhile) before giving up and being redelivered.
-	StoreRetry time.Duration `env:"SYS1_STORE_RETRY" envDefault:"2m"`
+	StoreRetry time.Duration `env:"SYS1_STORE_RETRY"`
 	// ProbeInterval is how often each provider is probed for health (/readyz, health).
-	ProbeInterval time.Duration `env:"SYS1_PROBE_INTERVAL" envDefault:"10s"`
+	ProbeInterval time.Duration `env:"SYS1_PROBE_INTERVAL"`
 	// StatusInterval is how often the replica reads the shared consumers' state (pending,
 	// pause) for health and metrics.
-	StatusInterval time.Duration `env:"SYS1_STATUS_INTERVAL" envDefault:"1s"`
+	StatusInterval time.Duration `env:"SYS1_STATUS_INTERVAL"`
 	// RecordState is what records keep of the caller's state and instructions: full, hash or
 	// none (contract.RecordState); applied where the record is made, so SYS1_RUNS and
 	// ClickHouse hold the same form (the gate never holds them).
-	RecordState contract.RecordState `env:"SYS1_RECORD_STATE" envDefault:"full"`
+	RecordState contract.RecordState `env:"SYS1_RECORD_STATE"`
 	// ReviewState is what review items keep of the run's state: full (shown to reviewers)
 	// or none.
-	ReviewState string `env:"SYS1_REVIEW_STATE" envDefault:"full"`
+	ReviewState string `env:"SYS1_REVIEW_STATE"`
 	// BatchMaxShare caps the share of this replica's message slots batch requests may hold,
 	// even while no interactive request is waiting (above 0, at most 1: all of them; at
 	// least one slot). Zero means the default, 1.
-	BatchMaxShare float64 `env:"SYS1_BATCH_MAX_SHARE" envDefault:"1"`
+	BatchMaxShare float64 `env:"SYS1_BATCH_MAX_SHARE"`
 	// CacheMaxTTL bounds how long any answer stays in the exact result cache (and so the age
 	// any caller's rule or Sys1-Cache can allow).
-	CacheMaxTTL time.Duration `env:"SYS1_CACHE_MAX_TTL" envDefault:"168h"`
+	CacheMaxTTL time.Duration `env:"SYS1_CACHE_MAX_TTL"`
 	// ID names this replica in run records; default host-pid.
 	ID string `env:"SYS1_WORKER_ID"`
 	// AllowAnyInbox lets verified callers be answered on any _INBOX.… subject instead of only
 	// their own _INBOX.<caller>.… (see auth.ReplyPolicy).
-	AllowAnyInbox bool `env:"SYS1_ALLOW_ANY_INBOX" envDefault:"false"`
+	AllowAnyInbox bool `env:"SYS1_ALLOW_ANY_INBOX"`
+}
+
+// DefaultConfig is the replica's configuration with nothing set: the defaults README's
+// configuration table documents, stated here once. The command layer starts from it and lets
+// SYS1_* variables override what they name; New fills a zero field of a Config built by hand
+// from it too.
+func DefaultConfig() Config {
+	return Config{
+		Concurrency: 8, ConcurrencyMode: string(limit.ModeAdaptive), ConcurrencyMin: 1, ConcurrencyTolerance: 1.2,
+		MaxDeliver: 5, ShutdownGrace: 30 * time.Second, FetchBatch: 16,
+		RetryBase: time.Second, RetryMax: time.Minute, StoreRetry: 2 * time.Minute,
+		ProbeInterval: 10 * time.Second, StatusInterval: time.Second,
+		RecordState: contract.RecordFull, ReviewState: ReviewStateFull, BatchMaxShare: 1, CacheMaxTTL: 168 * time.Hour,
+	}
 }
 
 // Validate reports every bad variable.
@@ -138,26 +152,28 @@ func (c *Config) ReplicaID() string {
 	return fmt.Sprintf("%s-%d", host, os.Getpid())
 }
 
+// withDefaults fills what a Config built by hand leaves zero, from DefaultConfig.
 func (c *Config) withDefaults() Config {
+	def := DefaultConfig()
 	out := *c
 	out.ID = c.ReplicaID()
 	if out.RecordState == "" {
-		out.RecordState = contract.RecordFull
+		out.RecordState = def.RecordState
 	}
 	if out.ReviewState == "" {
-		out.ReviewState = ReviewStateFull
+		out.ReviewState = def.ReviewState
 	}
 	if out.BatchMaxShare == 0 {
-		out.BatchMaxShare = 1
+		out.BatchMaxShare = def.BatchMaxShare
 	}
 	if out.CacheMaxTTL == 0 {
-		out.CacheMaxTTL = 168 * time.Hour
+		out.CacheMaxTTL = def.CacheMaxTTL
 	}
 	if out.StatusInterval <= 0 {
-		out.StatusInterval = time.Second
+		out.StatusInterval = def.StatusInterval
 	}
 	if out.ProbeInterval <= 0 {
-		out.ProbeInterval = 10 * time.Second
+		out.ProbeInterval = def.ProbeInterval
 	}
 	if out.FetchBatch > out.Concurrency {
 		out.FetchBatch = out.Concurrency

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -86,5 +87,25 @@ func TestConcurrencySettingsAreValidatedByTheirNames(t *testing.T) {
 		if errs := c.Validate(); len(errs) != 0 {
 			t.Errorf("mode %q refused: %v", mode, errs)
 		}
+	}
+}
+
+// TestWorkerDefaultsAreStatedOnce: DefaultConfig is the one place a replica's defaults live
+// (no env tag states a second), it passes its own validation, and a Config built by hand
+// takes the defaults New fills from it.
+func TestWorkerDefaultsAreStatedOnce(t *testing.T) {
+	typ := reflect.TypeOf(Config{})
+	for i := range typ.NumField() {
+		if f := typ.Field(i); f.Tag.Get("envDefault") != "" {
+			t.Errorf("%s states a default in its env tag too: DefaultConfig is the one place", f.Name)
+		}
+	}
+	def := DefaultConfig()
+	if errs := def.Validate(); len(errs) > 0 {
+		t.Fatalf("the defaults do not validate: %v", errs)
+	}
+	filled := (&Config{Concurrency: 4}).withDefaults()
+	if filled.StatusInterval != def.StatusInterval || filled.CacheMaxTTL != def.CacheMaxTTL || filled.RecordState != def.RecordState {
+		t.Errorf("withDefaults gave %+v, want DefaultConfig's values for the fields left zero", filled)
 	}
 }

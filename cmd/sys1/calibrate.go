@@ -266,7 +266,7 @@ type calibrateReport struct {
 
 func calibrateFit(ctx context.Context, f calibrateFlags, now time.Time, stdout, stderr io.Writer) int {
 	cfg := sink.DefaultConfig()
-	var topo topology.Config
+	topo := topology.Default()
 	var since, until time.Time
 	var thresholds []float64
 	var on calibration.ThresholdOn
@@ -929,7 +929,7 @@ func matches(e calibration.Entry, f calibrateFlags) bool {
 }
 
 func readFits(ctx context.Context, stderr io.Writer) ([]calibration.Entry, int) {
-	var topo topology.Config
+	topo := topology.Default()
 	if err := loadConfig(&topo); err != nil {
 		fmt.Fprintln(stderr, "sys1 calibrate:", err)
 		return nil, exitUsage
@@ -976,7 +976,7 @@ func calibrateDelete(ctx context.Context, f calibrateFlags, keys []string, stdou
 			return exitUsage
 		}
 	}
-	var topo topology.Config
+	topo := topology.Default()
 	if err := loadConfig(&topo); err != nil {
 		fmt.Fprintln(stderr, "sys1 calibrate:", err)
 		return exitUsage

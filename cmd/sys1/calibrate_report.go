@@ -94,7 +94,7 @@ type calibrationReportOut struct {
 // evaluation that stores them in each stored fit.
 func calibrateReportMode(ctx context.Context, f calibrateFlags, now time.Time, stdout, stderr io.Writer) int {
 	cfg := sink.DefaultConfig()
-	var topo topology.Config
+	topo := topology.Default()
 	var since, until time.Time
 	flags := check(func() []error {
 		var errs []error

@@ -114,7 +114,7 @@ func runReview(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var (
 		logCfg  LogConfig
 		natsCfg = natsconn.DefaultConfig()
-		topo    topology.Config
+		topo    = topology.Default()
 		cfg     ReviewConfig
 	)
 	natsCfg.URL = defaultClientURL() // a client of the workers' NATS, never an embedded server

@@ -35,7 +35,7 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 	var (
 		logCfg  LogConfig
 		natsCfg = natsconn.DefaultConfig()
-		topo    topology.Config
+		topo    = topology.Default()
 		cfg     = sink.DefaultConfig()
 		httpCfg HTTPConfig
 		trCfg   TracingConfig

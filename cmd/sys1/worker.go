@@ -12,7 +12,6 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider/backend"
 	"github.com/sys1hq/sys1/sink"
 	"github.com/sys1hq/sys1/worker"
@@ -35,7 +34,7 @@ type workerSettings struct {
 	nats     natsconn.Config
 	topo     topology.Config
 	worker   worker.Config
-	contract contract.Config
+	contract modelConfig
 	provider backend.Config
 	auth     auth.Config
 	http     HTTPConfig
@@ -127,7 +126,8 @@ func (f *workerFiles) watch(ctx context.Context, bg *sync.WaitGroup, log zerolog
 }
 
 func loadWorkerSettings() (*workerSettings, error) {
-	s := &workerSettings{nats: natsconn.DefaultConfig(), auth: auth.DefaultConfig(), sink: sink.DefaultConfig()}
+	s := &workerSettings{nats: natsconn.DefaultConfig(), auth: auth.DefaultConfig(), sink: sink.DefaultConfig(),
+		topo: topology.Default(), worker: worker.DefaultConfig()}
 	targets := []any{&s.log, &s.nats, &s.topo, &s.worker, &s.contract, &s.provider, &s.auth, &s.http, &s.files, &s.metrics, &s.tracing,
 		// Every allowed model must be served by some provider of the chain.
 		check(func() []error { return s.provider.CheckModels(s.contract.Model, s.contract.AllowedModels) })}

@@ -10,16 +10,23 @@ import (
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
-// TestDefaultsAreStatedOnce pins the three places a default name lives to each other: the
-// environment's defaults (what the command layer parses with nothing set), Default(), and
-// the wire names producers use.
+// TestDefaultsAreStatedOnce: a default lives in Default() alone — no env tag states a second
+// one (the command layer starts from Default() and lets SYS1_* variables override it, so
+// parsing an empty environment changes nothing) — and its names are the wire names producers
+// use.
 func TestDefaultsAreStatedOnce(t *testing.T) {
-	var fromEnv topology.Config
+	typ := reflect.TypeOf(topology.Config{})
+	for i := range typ.NumField() {
+		if f := typ.Field(i); f.Tag.Get("envDefault") != "" {
+			t.Errorf("%s states a default in its env tag too (%s): Default() is the one place", f.Name, f.Tag.Get("envDefault"))
+		}
+	}
+	fromEnv := topology.Default()
 	if err := env.ParseWithOptions(&fromEnv, env.Options{Environment: map[string]string{}}); err != nil {
 		t.Fatal(err)
 	}
 	if def := topology.Default(); !reflect.DeepEqual(fromEnv, def) {
-		t.Fatalf("the environment's defaults and Default() differ:\nenv     %+v\nDefault %+v", fromEnv, def)
+		t.Fatalf("parsing an empty environment changed Default():\nenv     %+v\nDefault %+v", fromEnv, def)
 	}
 	d := topology.Default()
 	for got, want := range map[string]string{

@@ -26,41 +26,41 @@ import (
 
 // Config names every JetStream object and its limits. Defaults are SPEC §2's.
 type Config struct {
-	RequestsStream string `env:"SYS1_REQUESTS_STREAM" envDefault:"SYS1_REQUESTS"`
-	RunsStream     string `env:"SYS1_RUNS_STREAM" envDefault:"SYS1_RUNS"`
-	RepliesStream  string `env:"SYS1_REPLIES_STREAM" envDefault:"SYS1_REPLIES"`
-	ReviewStream   string `env:"SYS1_REVIEW_STREAM" envDefault:"SYS1_REVIEW"`
+	RequestsStream string `env:"SYS1_REQUESTS_STREAM"`
+	RunsStream     string `env:"SYS1_RUNS_STREAM"`
+	RepliesStream  string `env:"SYS1_REPLIES_STREAM"`
+	ReviewStream   string `env:"SYS1_REVIEW_STREAM"`
 	// LabelsStream keeps the checked labels (accepted and rejected), for the sink;
 	// LabelSubmissionsStream the labels producers submit until a worker has checked them.
-	LabelsStream           string `env:"SYS1_LABELS_STREAM" envDefault:"SYS1_LABELS"`
-	LabelSubmissionsStream string `env:"SYS1_LABEL_SUBMISSIONS_STREAM" envDefault:"SYS1_LABEL_SUBMISSIONS"`
-	WorkerConsumer         string `env:"SYS1_WORKER_CONSUMER" envDefault:"sys1-worker"`
-	BatchConsumer          string `env:"SYS1_BATCH_CONSUMER" envDefault:"sys1-worker-batch"`
-	SinkConsumer           string `env:"SYS1_SINK_CONSUMER" envDefault:"sys1-sink"`
+	LabelsStream           string `env:"SYS1_LABELS_STREAM"`
+	LabelSubmissionsStream string `env:"SYS1_LABEL_SUBMISSIONS_STREAM"`
+	WorkerConsumer         string `env:"SYS1_WORKER_CONSUMER"`
+	BatchConsumer          string `env:"SYS1_BATCH_CONSUMER"`
+	SinkConsumer           string `env:"SYS1_SINK_CONSUMER"`
 	// LabelsConsumer is the workers' consumer of submitted labels (they check each against its
 	// run); SinkLabelsConsumer drains the checked ones into ClickHouse.
-	LabelsConsumer     string `env:"SYS1_LABELS_CONSUMER" envDefault:"sys1-labels"`
-	SinkLabelsConsumer string `env:"SYS1_SINK_LABELS_CONSUMER" envDefault:"sys1-sink-labels"`
-	RunsBucket         string `env:"SYS1_RUNS_BUCKET" envDefault:"sys1-runs"`
+	LabelsConsumer     string `env:"SYS1_LABELS_CONSUMER"`
+	SinkLabelsConsumer string `env:"SYS1_SINK_LABELS_CONSUMER"`
+	RunsBucket         string `env:"SYS1_RUNS_BUCKET"`
 	// ReviewBucket holds who labelled each review item (the first label wins);
 	// CalibrationBucket the temperature fits; CacheBucket the exact result cache.
-	ReviewBucket      string `env:"SYS1_REVIEW_BUCKET" envDefault:"sys1-review"`
-	CalibrationBucket string `env:"SYS1_CALIBRATION_BUCKET" envDefault:"sys1-calibration"`
-	CacheBucket       string `env:"SYS1_CACHE_BUCKET" envDefault:"sys1-cache"`
+	ReviewBucket      string `env:"SYS1_REVIEW_BUCKET"`
+	CalibrationBucket string `env:"SYS1_CALIBRATION_BUCKET"`
+	CacheBucket       string `env:"SYS1_CACHE_BUCKET"`
 	// ReviewSessionsBucket holds the review page's sessions (sys1 review); the workers only
 	// read its size.
-	ReviewSessionsBucket string `env:"SYS1_REVIEW_SESSIONS_BUCKET" envDefault:"sys1-review-sessions"`
+	ReviewSessionsBucket string `env:"SYS1_REVIEW_SESSIONS_BUCKET"`
 	// FleetBucket holds what an operator switches for the whole fleet at run time: the
 	// lanes' pauses (sys1 pause, worker/pause).
-	FleetBucket string `env:"SYS1_FLEET_BUCKET" envDefault:"sys1-fleet"`
+	FleetBucket string `env:"SYS1_FLEET_BUCKET"`
 	// DeadLetterStream keeps JetStream's max-deliveries advisories for the request consumers,
 	// so a request that ran out of deliveries is answered by a worker (DeadLetterConsumer)
 	// even when no worker was listening at that moment.
-	DeadLetterStream   string `env:"SYS1_DEAD_LETTER_STREAM" envDefault:"SYS1_DEAD_LETTERS"`
-	DeadLetterConsumer string `env:"SYS1_DEAD_LETTER_CONSUMER" envDefault:"sys1-dead-letter"`
+	DeadLetterStream   string `env:"SYS1_DEAD_LETTER_STREAM"`
+	DeadLetterConsumer string `env:"SYS1_DEAD_LETTER_CONSUMER"`
 	// HoldsConsumer is the workers' consumer of accepted labels: a reviewer's label releases
 	// the reply of a run held for it (review: hold).
-	HoldsConsumer string `env:"SYS1_HOLDS_CONSUMER" envDefault:"sys1-worker-holds"`
+	HoldsConsumer string `env:"SYS1_HOLDS_CONSUMER"`
 	// ConsumerMaxDeliver bounds the deliveries of one request message on the request
 	// consumers. It must exceed SYS1_MAX_DELIVER: the worker answers a run whose provider
 	// keeps failing after SYS1_MAX_DELIVER deliveries itself; this is the backstop for
@@ -68,71 +68,71 @@ type Config struct {
 	// waiting for its run, a run waiting for its caller's rate limit or in-flight slot), after
 	// which the run is dead-lettered and answered with an error. With the retry schedule
 	// capped at SYS1_RETRY_MAX (60s), 100 deliveries ride out well over an hour of trouble.
-	ConsumerMaxDeliver int `env:"SYS1_CONSUMER_MAX_DELIVER" envDefault:"100"`
+	ConsumerMaxDeliver int `env:"SYS1_CONSUMER_MAX_DELIVER"`
 	// LimitsBucket holds the per-caller budget and rate-limit counters.
-	LimitsBucket   string        `env:"SYS1_LIMITS_BUCKET" envDefault:"sys1-limits"`
-	Replicas       int           `env:"SYS1_STREAM_REPLICAS" envDefault:"1"`
-	RequestsMaxAge time.Duration `env:"SYS1_REQUESTS_MAX_AGE" envDefault:"24h"`
-	RunsMaxAge     time.Duration `env:"SYS1_RUNS_MAX_AGE" envDefault:"168h"`
-	RepliesMaxAge  time.Duration `env:"SYS1_REPLIES_MAX_AGE" envDefault:"24h"`
-	ReviewMaxAge   time.Duration `env:"SYS1_REVIEW_MAX_AGE" envDefault:"720h"`
-	LabelsMaxAge   time.Duration `env:"SYS1_LABELS_MAX_AGE" envDefault:"720h"`
+	LimitsBucket   string        `env:"SYS1_LIMITS_BUCKET"`
+	Replicas       int           `env:"SYS1_STREAM_REPLICAS"`
+	RequestsMaxAge time.Duration `env:"SYS1_REQUESTS_MAX_AGE"`
+	RunsMaxAge     time.Duration `env:"SYS1_RUNS_MAX_AGE"`
+	RepliesMaxAge  time.Duration `env:"SYS1_REPLIES_MAX_AGE"`
+	ReviewMaxAge   time.Duration `env:"SYS1_REVIEW_MAX_AGE"`
+	LabelsMaxAge   time.Duration `env:"SYS1_LABELS_MAX_AGE"`
 	// RunIDTTL is how long the run-id gate remembers a run (ownership and stored outcome). It
 	// must outlive the request stream's max age so every redelivery finds its run.
-	RunIDTTL time.Duration `env:"SYS1_RUN_ID_TTL" envDefault:"168h"`
+	RunIDTTL time.Duration `env:"SYS1_RUN_ID_TTL"`
 	// DedupeWindow is the JetStream Nats-Msg-Id window of the request stream (at most its max
 	// age); the run and reply streams use it too, capped at their own max age.
-	DedupeWindow time.Duration `env:"SYS1_DEDUPE_WINDOW" envDefault:"2m"`
+	DedupeWindow time.Duration `env:"SYS1_DEDUPE_WINDOW"`
 	// AckWait is how long a delivery may run without an ack or InProgress before redelivery.
-	AckWait time.Duration `env:"SYS1_ACK_WAIT" envDefault:"30s"`
+	AckWait time.Duration `env:"SYS1_ACK_WAIT"`
 	// MaxAckPending caps unacknowledged messages across ALL replicas of the shared consumer; it
 	// must be at least 2 × replicas × SYS1_CONCURRENCY (a replica holds up to twice its
 	// concurrency in messages) or replicas starve each other.
-	MaxAckPending int `env:"SYS1_MAX_ACK_PENDING" envDefault:"1024"`
+	MaxAckPending int `env:"SYS1_MAX_ACK_PENDING"`
 	// MaxPayload is the largest request accepted by the stream (bytes).
-	MaxMsgSize int32 `env:"SYS1_MAX_MSG_SIZE" envDefault:"8388608"`
+	MaxMsgSize int32 `env:"SYS1_MAX_MSG_SIZE"`
 
 	// Byte limits: every stream and bucket is bounded, and the defaults together are the
 	// storage budget README's "Storage budget" explains (about 23.7 GiB of file storage and
 	// 256 MiB of memory on each NATS server). What happens at a limit is each stream's
 	// discard policy: see the stream configs below.
-	RequestsMaxBytes         Bytes `env:"SYS1_REQUESTS_MAX_BYTES" envDefault:"4GiB"`
-	RunsMaxBytes             Bytes `env:"SYS1_RUNS_MAX_BYTES" envDefault:"8GiB"`
-	RepliesMaxBytes          Bytes `env:"SYS1_REPLIES_MAX_BYTES" envDefault:"1GiB"`
-	ReviewMaxBytes           Bytes `env:"SYS1_REVIEW_MAX_BYTES" envDefault:"4GiB"`
-	LabelsMaxBytes           Bytes `env:"SYS1_LABELS_MAX_BYTES" envDefault:"1GiB"`
-	LabelSubmissionsMaxBytes Bytes `env:"SYS1_LABEL_SUBMISSIONS_MAX_BYTES" envDefault:"1GiB"`
-	DeadLettersMaxBytes      Bytes `env:"SYS1_DEAD_LETTERS_MAX_BYTES" envDefault:"64MiB"`
-	RunsBucketMaxBytes       Bytes `env:"SYS1_RUNS_BUCKET_MAX_BYTES" envDefault:"4GiB"`
-	ReviewBucketMaxBytes     Bytes `env:"SYS1_REVIEW_BUCKET_MAX_BYTES" envDefault:"256MiB"`
-	CalibrationMaxBytes      Bytes `env:"SYS1_CALIBRATION_BUCKET_MAX_BYTES" envDefault:"64MiB"`
-	CacheMaxBytes            Bytes `env:"SYS1_CACHE_BUCKET_MAX_BYTES" envDefault:"256MiB"`
-	LimitsMaxBytes           Bytes `env:"SYS1_LIMITS_BUCKET_MAX_BYTES" envDefault:"256MiB"`
-	ReviewSessionsMaxBytes   Bytes `env:"SYS1_REVIEW_SESSIONS_MAX_BYTES" envDefault:"64MiB"`
-	FleetMaxBytes            Bytes `env:"SYS1_FLEET_BUCKET_MAX_BYTES" envDefault:"1MiB"`
+	RequestsMaxBytes         Bytes `env:"SYS1_REQUESTS_MAX_BYTES"`
+	RunsMaxBytes             Bytes `env:"SYS1_RUNS_MAX_BYTES"`
+	RepliesMaxBytes          Bytes `env:"SYS1_REPLIES_MAX_BYTES"`
+	ReviewMaxBytes           Bytes `env:"SYS1_REVIEW_MAX_BYTES"`
+	LabelsMaxBytes           Bytes `env:"SYS1_LABELS_MAX_BYTES"`
+	LabelSubmissionsMaxBytes Bytes `env:"SYS1_LABEL_SUBMISSIONS_MAX_BYTES"`
+	DeadLettersMaxBytes      Bytes `env:"SYS1_DEAD_LETTERS_MAX_BYTES"`
+	RunsBucketMaxBytes       Bytes `env:"SYS1_RUNS_BUCKET_MAX_BYTES"`
+	ReviewBucketMaxBytes     Bytes `env:"SYS1_REVIEW_BUCKET_MAX_BYTES"`
+	CalibrationMaxBytes      Bytes `env:"SYS1_CALIBRATION_BUCKET_MAX_BYTES"`
+	CacheMaxBytes            Bytes `env:"SYS1_CACHE_BUCKET_MAX_BYTES"`
+	LimitsMaxBytes           Bytes `env:"SYS1_LIMITS_BUCKET_MAX_BYTES"`
+	ReviewSessionsMaxBytes   Bytes `env:"SYS1_REVIEW_SESSIONS_MAX_BYTES"`
+	FleetMaxBytes            Bytes `env:"SYS1_FLEET_BUCKET_MAX_BYTES"`
 
 	// Per-caller quotas, so that no caller takes the shared budget. JetStream enforces each
 	// at publish time on the caller's subject (a per-subject limit that refuses new messages):
 	// requests waiting on sys1.decide.<caller> (and on each sys1.batch.<caller>.<batch>),
 	// review items on sys1.review.<caller>, label submissions waiting on sys1.labels.<caller>.
 	// Only that caller's publish is refused; everyone else's goes on.
-	RequestsPerCaller int `env:"SYS1_REQUESTS_MAX_PER_CALLER" envDefault:"10000"`
-	ReviewPerCaller   int `env:"SYS1_REVIEW_MAX_PER_CALLER" envDefault:"5000"`
-	LabelsPerCaller   int `env:"SYS1_LABELS_MAX_PER_CALLER" envDefault:"5000"`
+	RequestsPerCaller int `env:"SYS1_REQUESTS_MAX_PER_CALLER"`
+	ReviewPerCaller   int `env:"SYS1_REVIEW_MAX_PER_CALLER"`
+	LabelsPerCaller   int `env:"SYS1_LABELS_MAX_PER_CALLER"`
 	// RejectedLabelsMaxAge is how long a rejected label submission is kept on SYS1_LABELS
 	// for the sink's dead-letter table (as long as run records wait for the sink).
-	RejectedLabelsMaxAge time.Duration `env:"SYS1_LABELS_REJECTED_MAX_AGE" envDefault:"168h"`
+	RejectedLabelsMaxAge time.Duration `env:"SYS1_LABELS_REJECTED_MAX_AGE"`
 
 	// FairShare reads each flow (a caller's requests, a batch, a caller's label submissions)
 	// through a consumer of its own and shares every replica's slots between callers by
 	// weighted round robin (worker/fair); off, the lanes' shared consumers deliver in arrival
 	// order. Every replica of a fleet must run the same way: each removes the other way's
 	// consumers at start-up.
-	FairShare bool `env:"SYS1_FAIR_SHARE" envDefault:"true"`
+	FairShare bool `env:"SYS1_FAIR_SHARE"`
 	// FlowInactiveThreshold is how long a flow's consumer may go without a pull (and without
 	// a message in hand) before JetStream removes it; it is created again with the flow's
 	// next message.
-	FlowInactiveThreshold time.Duration `env:"SYS1_FLOW_INACTIVE_THRESHOLD" envDefault:"10m"`
+	FlowInactiveThreshold time.Duration `env:"SYS1_FLOW_INACTIVE_THRESHOLD"`
 }
 
 // Validate reports every bad variable.
@@ -268,7 +268,9 @@ func validName(s string) bool {
 	return true
 }
 
-// Default returns the SPEC §2 defaults (what env parsing yields with nothing set).
+// Default is the configuration with nothing set: the defaults (SPEC §2 and README), stated
+// here once. The command layer starts from it and lets SYS1_* variables override what they
+// name.
 func Default() Config {
 	return Config{
 		RequestsStream: wire.RequestsStream, RunsStream: wire.RunsStream, RepliesStream: wire.RepliesStream,
