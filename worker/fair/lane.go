@@ -121,11 +121,14 @@ const (
 )
 
 // WakeAfter activates f once d has passed: a delivery handed back with a delay comes back
-// then, and nothing else would say so.
+// then, and nothing else would say so. Like an arrival, the wake is fresh for a moment: the
+// server may make the message deliverable a little after the delay, and a fetch that comes
+// back empty then is tried again (see recheck) rather than left to the next discovery.
 func (l *Lane) WakeAfter(f topology.Flow, d time.Duration) {
 	time.AfterFunc(d, func() {
 		l.mu.Lock()
 		l.arrived[f.Key()] = f
+		l.fresh[f.Key()] = time.Now().Add(freshFor)
 		l.mu.Unlock()
 		l.signal()
 	})
@@ -248,7 +251,12 @@ func (l *Lane) settleFresh(f topology.Flow, got int, err error) {
 	}
 	l.mu.Unlock()
 	if again {
-		l.WakeAfter(f, recheck)
+		time.AfterFunc(recheck, func() {
+			l.mu.Lock()
+			l.arrived[key] = f
+			l.mu.Unlock()
+			l.signal()
+		})
 	}
 }
 
