@@ -161,6 +161,7 @@ func TestRateLimitWaitsWithinTheDeadline(t *testing.T) {
 // TestInFlightCapHoldsAcrossReplicas: in_flight: 1 lets one call run at a time across the
 // fleet; the others wait for the slot and are answered in turn.
 func TestInFlightCapHoldsAcrossReplicas(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	h.fake.SetLatency(150 * time.Millisecond)
 	opt := withLimits(t, "rules:\n  - caller: svc-a\n    in_flight: 1\n", "")

@@ -63,18 +63,21 @@ func failLeaderMidRun(t *testing.T, stream func(*clusterHarness) string) {
 
 // The leader of SYS1_REQUESTS (and so of the work queue's messages) stops mid-run.
 func TestClusterRequestsLeaderFailover(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	failLeaderMidRun(t, func(h *clusterHarness) string { return h.topo.RequestsStream })
 }
 
 // The leader of the run-id gate's bucket stops just as a full set of model answers comes back
 // to be stored there.
 func TestClusterGateLeaderFailover(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	failLeaderMidRun(t, (*clusterHarness).gateStream)
 }
 
 // The node a worker is connected to dies: the worker reconnects to another node and carries
 // on, and its runs in hand are answered once.
 func TestClusterWorkerNodeDies(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	c, h := startCluster(t, 10*time.Second)
 	l := h.startLoad(clusterRuns, clusterProducers)
 	l.awaitAnswered(clusterRuns/3, 60*time.Second)
@@ -108,6 +111,7 @@ func TestClusterWorkerNodeDies(t *testing.T) {
 // with its stores: the runs in hand store their outcomes once it is back, and the load
 // finishes.
 func TestClusterRestartsWhole(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	c, h := startCluster(t, 30*time.Second)
 	l := h.startLoad(clusterRuns, clusterProducers)
 	l.awaitAnswered(clusterRuns/3, 60*time.Second)

@@ -112,6 +112,7 @@ func TestALabelFloodDoesNotDelayAnotherSendersLabel(t *testing.T) {
 // TestBatchesOfTwoCallersShareTheBatchLane (issue 21, the batch lane): caller b's batch of 20,
 // sent after caller a's batch of 300, finishes long before a's does.
 func TestBatchesOfTwoCallersShareTheBatchLane(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t, ollamatest.WithLatency(20*time.Millisecond))
 	h.start(subjectAuth(t))
 	var mu sync.Mutex

@@ -319,6 +319,7 @@ func TestRequestOutOfDeliveriesIsAnsweredFromItsDeadLetter(t *testing.T) {
 // still running waits for it, but not past its own deliveries: it is answered and terminated,
 // and the owner's run is untouched.
 func TestDuplicateGivesUpWaitingWithinItsDeliveries(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	h.topo.ConsumerMaxDeliver = 4
 	stuck := &blocking{Provider: h.ollama(time.Second), release: make(chan struct{})}
@@ -352,6 +353,7 @@ func TestDuplicateGivesUpWaitingWithinItsDeliveries(t *testing.T) {
 // — is answered and recorded in full (README, Operating it: the largest fully recorded
 // request); one whose record could not fit is refused before the model is called.
 func TestLargestRecordedRequestAtDefaults(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t) // the harness's server and topology use sys1's 8 MiB defaults
 	h.start()
 	fits := bigRequest(t, 8<<20-48<<10, 3, 8, "fits")

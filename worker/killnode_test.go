@@ -15,6 +15,7 @@ import (
 // (retried in place, the delivery kept alive), and nothing is paid for twice. Then the node
 // comes back with its store and the cluster heals.
 func TestKillGateLeaderProcess(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	bin := natstest.BuildServer(t)
 	c := natstest.StartProcessCluster(t, bin, 3, "max_payload: 8MB")
 	h := newClusterHarness(t, c, 2)

@@ -233,6 +233,7 @@ func TestProducerLabelsAreCheckedAndAccepted(t *testing.T) {
 // clear error, published as a rejection (which the sink parks in the dead-letter table), never
 // stored as a label; another caller's run reads exactly like no run; the loop keeps going.
 func TestBadLabelsAreRejectedWithAClearError(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	db := h.labelSink()
 	h.start(subjectAuth(t))

@@ -61,6 +61,7 @@ func (h *harness) awaitStream() {
 // NATS comes back without its data (a lost volume): the running worker recreates the streams,
 // the run-id bucket and its consumer, and answers new requests without a restart.
 func TestWorkerRecoversWhenNATSLosesItsData(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	r := h.start()
 	if rep := h.decide("svc-a", []byte(ticket)); rep.Status != contract.StatusSuccess {
@@ -88,6 +89,7 @@ func TestWorkerRecoversWhenNATSLosesItsData(t *testing.T) {
 // run without an id must not inherit the derived id of the old stream's first run: that would
 // answer it with the old run's stored outcome.
 func TestRecreatedRequestStreamDoesNotReuseDerivedRunIDs(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	r := h.start()
 	firstID, status := h.decideWithoutRunID([]byte(ticket))
@@ -122,6 +124,7 @@ func TestRecreatedRequestStreamDoesNotReuseDerivedRunIDs(t *testing.T) {
 // the runs that cannot store their outcome or record are retried, the worker recreates what is
 // missing, and they finish.
 func TestWorkerRecreatesADeletedBucketAndRunsStream(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	// Runs that cannot store their outcome are redelivered on the retry schedule, and those
 	// deliveries count: give them a schedule (like the defaults, 1 s doubling over 5 deliveries)

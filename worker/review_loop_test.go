@@ -37,6 +37,7 @@ rules:
 // held run answers nothing until a reviewer's label, then once with the question reviewed.
 // ClickHouse has each verdict per answer, the label, and labelled_answers joining the two.
 func TestReviewAcceptanceEndToEnd(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	db := h.labelSink()
 	if db == nil {

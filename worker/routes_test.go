@@ -179,6 +179,7 @@ func TestABrokenModelLeavesTheOthersAlone(t *testing.T) {
 // were for, and then every route to it is skipped without a call: SYS1_PROVIDER_UNAVAILABLE,
 // as before routes existed.
 func TestAServerThatIsDownStillFailsFast(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	url := h.fake.URL()
 	h.fake.Close() // nothing listens there any more: connection refused

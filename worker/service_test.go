@@ -62,6 +62,7 @@ func validate(t *testing.T, schema string, doc []byte) {
 // sys1 (found by $SRV.PING like `nats micro ls` does); health and capabilities come from each
 // and match their published schemas; no secret is in either.
 func TestReplicasAnswerHealthAndCapabilitiesOverMicro(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	const key = "sk-ollama-secret-key-0123456789"
 	h := newHarness(t, ollamatest.WithAPIKey(key))
 	h.apiKey = key
@@ -113,6 +114,7 @@ func TestReplicasAnswerHealthAndCapabilitiesOverMicro(t *testing.T) {
 // TestHealthSaysDegradedDownAndPaused: ok with every provider up; degraded when the first is
 // down and a later one up; down when none is; paused while the fleet's consumer is paused.
 func TestHealthSaysDegradedDownAndPaused(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	hosted := systemonetest.New(t)
 	h.start(h.chainOf(hosted, 5), func(o *replicaOpts) {

@@ -238,6 +238,7 @@ func TestPermanentErrorsAnswerAtOnce(t *testing.T) {
 }
 
 func TestUpstreamErrorsMapAndRetry(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	cases := []struct {
 		name      string
 		fault     ollamatest.Fault
@@ -629,6 +630,7 @@ func (b *blocking) Evaluate(ctx context.Context, _ *contract.Request) (*contract
 }
 
 func TestKilledReplicaRunsFinishElsewhereOnce(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	h.topo.AckWait = time.Second
 	// Replica A hangs in every provider call and then "dies" (its connection is cut: no acks,
@@ -956,6 +958,7 @@ func TestDuplicateMessageWaitsForTheRunInFlight(t *testing.T) {
 }
 
 func TestNothingIsLostWhenNATSRestarts(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t, ollamatest.WithLatency(30*time.Millisecond), ollamatest.WithRecordLimit(0))
 	h.topo.AckWait = 2 * time.Second
 	r := h.start()
@@ -1040,6 +1043,7 @@ func TestOperationalEndpoints(t *testing.T) {
 }
 
 func TestRunThatNoDeliveryFinishesEndsAfterMaxDeliver(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	h.topo.AckWait = time.Second
 	// Replica A takes the run and dies in the provider call without recording anything.
@@ -1100,6 +1104,7 @@ func (c *counting) Evaluate(ctx context.Context, req *contract.Request) (*contra
 // model: the second delivery finds the first one's lease in the gate and waits, and the model
 // is asked once.
 func TestASecondDeliveryOfARunningMessageWaits(t *testing.T) {
+	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t)
 	h.topo.AckWait = 15 * time.Second // the replica heartbeats every 5 s, its lease lasts 30 s
 	model := &counting{Provider: h.ollama(5 * time.Second), release: make(chan struct{})}

@@ -427,17 +427,11 @@ func TestCalibrateParseWindowTime(t *testing.T) {
 
 // Once as a built binary, as an operator runs it: `sys1 calibrate --apply` stores the fit.
 func TestCalibrateBinary(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the sys1 binary")
-	}
 	now := time.Now().UTC()
 	db := labelsDB(t, now)
 	srv := natstest.Start(t)
 	_, js := natstest.Connect(t, srv)
-	bin := filepath.Join(t.TempDir(), "sys1")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := sys1Binary(t)
 	cmd := exec.Command(bin, "calibrate", "--apply", "--question", "refund_requested")
 	cmd.Env = append(os.Environ(), "SYS1_CLICKHOUSE_DSN="+db.DSN, "SYS1_CLICKHOUSE_DATABASE="+db.Name, "SYS1_NATS_URL="+srv.ClientURL())
 	out, err := cmd.CombinedOutput()
