@@ -353,7 +353,7 @@ func TestDuplicateGivesUpWaitingWithinItsDeliveries(t *testing.T) {
 // — is answered and recorded in full (README, Operating it: the largest fully recorded
 // request); one whose record could not fit is refused before the model is called.
 func TestLargestRecordedRequestAtDefaults(t *testing.T) {
-	t.Parallel() // waits out failovers and retries, not the CPU: runs beside the others
+	t.Parallel()       // waits out failovers and retries, not the CPU: runs beside the others
 	h := newHarness(t) // the harness's server and topology use sys1's 8 MiB defaults
 	h.start()
 	fits := bigRequest(t, 8<<20-48<<10, 3, 8, "fits")
