@@ -234,15 +234,21 @@ func (h *clusterHarness) awaitReplicasCurrent() {
 				return false, why
 			}
 		}
-		c, err := h.js.Consumer(ctx, h.topo.RequestsStream, h.topo.WorkerConsumer)
+		// The request consumers: the flows' (fair share) or the shared one.
+		s, err := h.js.Stream(ctx, h.topo.RequestsStream)
 		if err != nil {
-			return false, "consumer: " + err.Error()
+			return false, "consumers: " + err.Error()
 		}
-		info, err := c.Info(ctx)
-		if err != nil {
-			return false, "consumer: " + err.Error()
+		infos := s.ListConsumers(ctx)
+		for info := range infos.Info() {
+			if !check("consumer "+info.Name, info.Cluster) {
+				return false, why
+			}
 		}
-		return check("consumer "+h.topo.WorkerConsumer, info.Cluster), why
+		if err := infos.Err(); err != nil {
+			return false, "consumers: " + err.Error()
+		}
+		return true, why
 	})
 }
 

@@ -30,9 +30,16 @@ func (w *Worker) newFairShare() *fairShare {
 		return w.opt.Limits.Current().Weight(caller)
 	}
 	lane := func(l topology.Lane) *fair.Lane {
-		return fair.NewLane(fair.LaneConfig{Lane: l, Topology: w.opt.Topology, JS: w.opt.JS, Weight: weight, Log: w.log})
+		return fair.NewLane(fair.LaneConfig{Lane: l, Topology: w.opt.Topology, JS: w.opt.JS, Weight: weight, Log: w.log, Life: w.life})
 	}
 	return &fairShare{interactive: lane(topology.LaneInteractive), batch: lane(topology.LaneBatch), labels: lane(topology.LaneLabels)}
+}
+
+// wait returns once the lanes' background work has ended (the worker's life ended).
+func (f *fairShare) wait() {
+	for _, l := range []*fair.Lane{f.interactive, f.batch, f.labels} {
+		l.Wait()
+	}
 }
 
 func (f *fairShare) lane(l topology.Lane) *fair.Lane {
@@ -186,7 +193,7 @@ func (w *Worker) followPauses(ctx context.Context) error {
 	}
 	w.fleetKV.Store(&kv)
 	// The watch outlives New's context: it is the replica's for as long as it runs.
-	w.pauses.Follow(context.WithoutCancel(ctx), kv, func(err error) {
+	w.pauses.Follow(w.life, kv, func(err error) {
 		w.log.Warn().Err(err).Msg("the fleet's pause switch is not being followed; reading it every status interval meanwhile")
 	})
 	return nil

@@ -103,6 +103,10 @@ type Worker struct {
 	// pauses follows the fleet's pause switch (sys1 pause; KV sys1-fleet, fleetKV).
 	pauses  *pause.Follower
 	fleetKV atomic.Pointer[jetstream.KeyValue]
+	// life bounds what the replica runs in the background from New on (the pause watch, flow
+	// consumers being created); Run ends it on the way out, and so does a failed New.
+	life    context.Context
+	endLife context.CancelFunc
 	// requests is the request stream, to tell whether a run's owning message still exists.
 	// JetStream handles are names, so this one stays valid when the stream is recreated.
 	requests jetstream.Stream
@@ -163,6 +167,13 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 		opt.FetchWait = time.Second
 	}
 	w := &Worker{cfg: cfg, opt: opt, repair: make(chan struct{}, 1), batchFreed: make(chan struct{}, 1), pauses: pause.NewFollower()}
+	w.life, w.endLife = context.WithCancel(context.WithoutCancel(ctx))
+	ok := false
+	defer func() {
+		if !ok {
+			w.stopBackground()
+		}
+	}()
 	w.log = opt.Logger.With().Str("worker", cfg.ID).Logger()
 	ch, err := w.buildChain()
 	if err != nil {
@@ -186,9 +197,21 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	}
 	if opt.Topology.MaxAckPending < 2*cfg.Concurrency {
 		w.log.Warn().Int("max_ack_pending", opt.Topology.MaxAckPending).Int("concurrency", cfg.Concurrency).
-			Msg("SYS1_MAX_ACK_PENDING is below twice this replica's concurrency (a replica holds up to 2 × SYS1_CONCURRENCY messages); it caps the whole shared consumer, so raise it to at least 2 × replicas × SYS1_CONCURRENCY")
+			Msg("SYS1_MAX_ACK_PENDING is below twice this replica's concurrency (a replica holds up to 2 × SYS1_CONCURRENCY messages); it caps each request consumer across replicas, so raise it to at least 2 × replicas × SYS1_CONCURRENCY")
 	}
+	ok = true
 	return w, nil
+}
+
+// stopBackground ends the replica's background work (see life) and waits for it.
+func (w *Worker) stopBackground() {
+	w.endLife()
+	if done := w.pauses.Done(); done != nil {
+		<-done
+	}
+	if w.fair != nil {
+		w.fair.wait()
+	}
 }
 
 // ensure creates or updates the streams, the run-id bucket and the shared consumer, and
@@ -517,6 +540,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.budget != nil {
 		w.budget.Close()
 	}
+	w.stopBackground()
 	w.log.Info().Msg("worker stopped")
 	return nil
 }

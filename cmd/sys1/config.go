@@ -7,7 +7,6 @@ import (
 	"os"
 	"reflect"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caarlos0/env/v11"
@@ -146,10 +145,10 @@ func (c *LogConfig) Validate() []error {
 	return nil
 }
 
-// setTimeFormat sets zerolog's process-wide time format once: components started together in
-// one process (the tests run a worker, a sink and a review page side by side) must not write
-// the global while another's log line reads it.
-var setTimeFormat = sync.OnceFunc(func() { zerolog.TimeFieldFormat = time.RFC3339Nano })
+// zerolog's time format is process-wide: it is set before anything can log, never while a
+// component started earlier in the same process (the tests run a worker, a sink and a review
+// page side by side) reads it for a log line.
+func init() { zerolog.TimeFieldFormat = time.RFC3339Nano }
 
 // newLogger returns the JSON logger on w (stderr in production) at the configured level.
 func newLogger(w io.Writer, cfg LogConfig, component string) zerolog.Logger {
@@ -157,6 +156,5 @@ func newLogger(w io.Writer, cfg LogConfig, component string) zerolog.Logger {
 	if err != nil {
 		lvl = zerolog.InfoLevel
 	}
-	setTimeFormat()
 	return zerolog.New(w).Level(lvl).With().Timestamp().Str("component", component).Logger()
 }

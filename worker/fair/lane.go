@@ -27,16 +27,20 @@ type LaneConfig struct {
 	// Creators bounds the flow consumers being created at once (0: 4). Creation runs beside
 	// the pull loop, never in it: a thousand new callers at once must not hold up the others.
 	Creators int
+	// Life bounds the lane's own background work (consumer creation); nil: never ends.
+	// Wait returns once it has ended and that work is done.
+	Life context.Context
 }
 
 // Lane reads one lane (interactive requests, batch requests or label submissions) fairly.
 // Notify, WakeAfter and Discover may be called from any goroutine; Take from one pull loop
 // only.
 type Lane struct {
-	cfg    LaneConfig
-	stream string
-	log    zerolog.Logger
-	sem    chan struct{} // creators
+	cfg     LaneConfig
+	stream  string
+	log     zerolog.Logger
+	sem     chan struct{} // creators
+	working sync.WaitGroup
 
 	mu      sync.Mutex
 	arrived map[string]topology.Flow // flows to activate, from any of the three ways
@@ -60,6 +64,9 @@ type Lane struct {
 func NewLane(cfg LaneConfig) *Lane {
 	if cfg.Creators <= 0 {
 		cfg.Creators = 4
+	}
+	if cfg.Life == nil {
+		cfg.Life = context.Background()
 	}
 	return &Lane{
 		cfg: cfg, stream: cfg.Topology.LaneStream(cfg.Lane),
@@ -301,9 +308,12 @@ func (l *Lane) absorb(ctx context.Context) {
 		l.sched.Activate(f.Caller, f.Key(), l.weight(f.Caller))
 	}
 	for _, f := range create {
-		go l.create(context.WithoutCancel(ctx), f)
+		l.working.Go(func() { l.create(l.cfg.Life, f) })
 	}
 }
+
+// Wait returns once the lane's background work has ended (LaneConfig.Life ended).
+func (l *Lane) Wait() { l.working.Wait() }
 
 func (l *Lane) weight(caller string) int {
 	if l.cfg.Weight == nil {
@@ -315,7 +325,14 @@ func (l *Lane) weight(caller string) int {
 // create makes a flow's consumer (or finds it made by another replica) and then activates
 // the flow.
 func (l *Lane) create(ctx context.Context, f topology.Flow) {
-	l.sem <- struct{}{}
+	select {
+	case l.sem <- struct{}{}:
+	case <-ctx.Done():
+		l.mu.Lock()
+		delete(l.creating, f.Key())
+		l.mu.Unlock()
+		return
+	}
 	defer func() { <-l.sem }()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -324,7 +341,7 @@ func (l *Lane) create(ctx context.Context, f topology.Flow) {
 	l.mu.Lock()
 	delete(l.creating, f.Key())
 	if err != nil {
-		logIt := time.Since(l.lastErr) > 10*time.Second
+		logIt := time.Since(l.lastErr) > 10*time.Second && ctx.Err() == nil
 		if logIt {
 			l.lastErr = time.Now()
 		}

@@ -272,7 +272,7 @@ func WorkerFamilies() []Family {
 	w, err := NewWorker(prometheus.NewRegistry(), WorkerOptions{
 		Replica: "catalogue", InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Paused: zero,
 		Providers: func() []ProviderState { return nil }, Fits: func() []FitReading { return nil },
-		Streams: func() []StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil },
+		Streams: func() []StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil }, Queues: func() []QueueState { return nil },
 	})
 	if err != nil {
 		panic(err) // a fresh registry cannot refuse them

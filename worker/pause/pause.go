@@ -115,7 +115,13 @@ type Follower struct {
 	// watching: the watch has delivered the current entries and is running, so a full read
 	// (Replace) can only be older than what it says.
 	watching atomic.Bool
+	// done is closed once Follow's watch has ended for good (its context ended).
+	done chan struct{}
 }
+
+// Done is closed once the follower has stopped following (the context given to Follow
+// ended); before Follow it is nil.
+func (f *Follower) Done() <-chan struct{} { return f.done }
 
 // Watching reports whether the watch is up (so a full read is not needed).
 func (f *Follower) Watching() bool { return f.watching.Load() }
@@ -167,7 +173,9 @@ func (f *Follower) Replace(states map[topology.Lane]State) {
 func (f *Follower) Follow(ctx context.Context, kv jetstream.KeyValue, onError func(error)) {
 	ready := make(chan struct{})
 	var once sync.Once
+	f.done = make(chan struct{})
 	go func() {
+		defer close(f.done)
 		for ctx.Err() == nil {
 			err := f.watch(ctx, kv, func() {
 				f.watching.Store(true)
