@@ -78,6 +78,7 @@ type benchFlags struct {
 	batch           int
 	natsNodes       int
 	natsSync        string
+	arrivalOrder    bool
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -120,6 +121,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, 
 	fs.DurationVar(&f.memSample, "mem-sample", 250*time.Millisecond, "--self: memory sampling period")
 	fs.IntVar(&f.natsNodes, "nats-nodes", 1, "--self: NATS servers: 1 (R1 streams) or 3 (an in-process cluster, R3 streams and buckets, as deployed)")
 	fs.StringVar(&f.natsSync, "nats-sync", "always", "--self: the servers' JetStream sync_interval: always (as shipped: every write on disk before its ack) or a duration (2m: nats-server's default)")
+	fs.BoolVar(&f.arrivalOrder, "arrival-order", false, "--self: run the replicas without fair share (SYS1_FAIR_SHARE=off: each lane read through one shared consumer, in arrival order)")
 	fs.IntVar(&f.batch, "batch", 0, "--self: a batch of this many copies of the template drains beside the interactive load (published and read by the batch client; the load starts once the batch is draining and the batch stops when it ends); with -n 0, the batch alone")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -187,7 +189,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 			Replicas: f.replicas, Concurrency: f.concurrency, FetchBatch: f.fetchBatch, ConcurrencyMode: f.concurrencyMode,
 			ProviderLatency: f.providerLatency, ProviderSlots: f.providerSlots,
 			ProviderPerQuestion: f.perQuestion, ProviderPerStateKiB: f.perKiB, Logger: log,
-			NATSNodes: f.natsNodes, SyncInterval: f.natsSync,
+			NATSNodes: f.natsNodes, SyncInterval: f.natsSync, ArrivalOrder: f.arrivalOrder,
 		})
 		if err != nil {
 			fmt.Fprintf(stderr, "sys1 bench: --self: %v\n", err)
@@ -349,7 +351,7 @@ func (f *benchFlags) runBesideBatch(ctx context.Context, bb *benchBatch, nc *nat
 }
 
 // selfOnly are the flags that only mean something with --self.
-var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "concurrency-mode", "provider-latency", "provider-slots", "provider-per-question", "provider-per-kib", "preload", "hold", "mem-sample", "batch", "nats-nodes", "nats-sync"}
+var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "concurrency-mode", "provider-latency", "provider-slots", "provider-per-question", "provider-per-kib", "preload", "hold", "mem-sample", "batch", "nats-nodes", "nats-sync", "arrival-order"}
 
 // check validates the flags; set holds the names given on the command line.
 func (f *benchFlags) check(set map[string]bool) error {
@@ -446,6 +448,7 @@ type benchSetup struct {
 	Preload               bool    `json:"preload,omitempty"`
 	NATSNodes             int     `json:"nats_nodes,omitempty"`
 	NATSSync              string  `json:"nats_sync,omitempty"`
+	ArrivalOrder          bool    `json:"arrival_order,omitempty"`
 }
 
 func (f *benchFlags) setup(body []byte) benchSetup {
@@ -455,7 +458,7 @@ func (f *benchFlags) setup(body []byte) benchSetup {
 	}
 	if f.self {
 		s.Replicas, s.Concurrency, s.Preload = f.replicas, f.concurrency, f.preload
-		s.NATSNodes, s.NATSSync = f.natsNodes, f.natsSync
+		s.NATSNodes, s.NATSSync, s.ArrivalOrder = f.natsNodes, f.natsSync, f.arrivalOrder
 		s.ProviderLatencyMS = float64(f.providerLatency.Microseconds()) / 1000
 		s.ProviderSlots = f.providerSlots
 		s.ProviderPerQuestionMS = float64(f.perQuestion.Microseconds()) / 1000
@@ -506,6 +509,9 @@ func (o benchOutput) write(w io.Writer, asJSON bool) error {
 			fmt.Fprint(w, ", preloaded backlog")
 		}
 		fmt.Fprintf(w, "; %d NATS node(s), sync_interval %s", s.NATSNodes, s.NATSSync)
+		if s.ArrivalOrder {
+			fmt.Fprint(w, "; arrival order (no fair share)")
+		}
 	}
 	switch {
 	case o.Batch != nil && o.Report == nil:
