@@ -43,8 +43,20 @@ like one real Ollama instead: N calls at once, an unbounded FIFO queue behind th
 as for a loaded model) and a service time of --provider-latency + questions ×
 (--provider-per-question + --provider-per-kib × state KiB). See deploy/performance.md.
 
+With --self --fairness it measures fair share between callers (issue 21; deploy/performance.md
+figure 13), each measurement once with fair share and once in arrival order
+(SYS1_FAIR_SHARE=off), alternating, on a fresh deployment each: a NATS server and a
+'sys1 worker' as processes of their own (this binary), the fake Ollama and the load in this
+one. floods: caller b's --fair-b requests, sent once a flood of --fair-floods times as many
+from caller a is stored, against b alone (b's p50/p99, publish to reply). throughput: caller a
+alone drains --fair-drain requests (decisions/s, fair share ÷ arrival order). callers:
+--fair-callers-n requests round robin over --fair-callers callers (the worker's and the
+server's CPU per 1,000 decisions and peak RSS, their flow consumers and how long creating them
+took). --concurrency defaults to 8 there.
+
 Exit status: 0 when every run succeeded, 1 when any failed, went unanswered or could not be
-published, 2 on usage or connection errors.
+published (with --fairness, b still waiting at --fair-cap is a measurement, not a failure), 2
+on usage or connection errors.
 
 flags:
 `
@@ -79,6 +91,7 @@ type benchFlags struct {
 	natsNodes       int
 	natsSync        string
 	arrivalOrder    bool
+	fair            fairFlags
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -123,6 +136,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, 
 	fs.StringVar(&f.natsSync, "nats-sync", "always", "--self: the servers' JetStream sync_interval: always (as shipped: every write on disk before its ack) or a duration (2m: nats-server's default)")
 	fs.BoolVar(&f.arrivalOrder, "arrival-order", false, "--self: run the replicas without fair share (SYS1_FAIR_SHARE=off: each lane read through one shared consumer, in arrival order)")
 	fs.IntVar(&f.batch, "batch", 0, "--self: a batch of this many copies of the template drains beside the interactive load (published and read by the batch client; the load starts once the batch is draining and the batch stops when it ends); with -n 0, the batch alone")
+	f.fair.define(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, exitOK, false
@@ -136,6 +150,10 @@ func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, 
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if f.fair.on && !set["concurrency"] {
+		// The fairness figure's default: few slots, so a flood queues and b's wait shows.
+		f.concurrency = 8
+	}
 	if f.duration > 0 && !set["n"] {
 		// --duration alone publishes for that long: the default count would end it early.
 		f.n = 0
@@ -148,6 +166,9 @@ func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, 
 }
 
 func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
+	if f.fair.on {
+		return f.runFairness(ctx, stdout, stderr)
+	}
 	body, err := loadtest.Template(f.template)
 	if err != nil {
 		fmt.Fprintf(stderr, "sys1 bench: --template: %v\n", err)
@@ -426,6 +447,7 @@ func (f *benchFlags) check(set map[string]bool) error {
 	if _, _, err := natsconn.ParseSyncInterval(f.natsSync); err != nil {
 		errs = append(errs, fmt.Errorf("--nats-sync: %v", err))
 	}
+	errs = append(errs, f.fair.check(f, set)...)
 	return errors.Join(errs...)
 }
 
