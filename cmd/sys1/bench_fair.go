@@ -40,6 +40,7 @@ type fairFlags struct {
 	callers  string
 	callersN int
 	idle     time.Duration
+	plot     string
 
 	// Parsed from the strings above by check.
 	partSet     map[string]bool
@@ -53,7 +54,7 @@ type fairFlags struct {
 var fairParts = []string{"floods", "throughput", "callers"}
 
 // fairnessOnly are the flags that only mean something with --fairness.
-var fairnessOnly = []string{"fair-rounds", "fair-parts", "fair-b", "fair-b-rate", "fair-floods", "fair-cap", "fair-drain", "fair-drain-latency", "fair-callers", "fair-callers-n", "fair-idle"}
+var fairnessOnly = []string{"fair-rounds", "fair-parts", "fair-b", "fair-b-rate", "fair-floods", "fair-cap", "fair-drain", "fair-drain-latency", "fair-callers", "fair-callers-n", "fair-idle", "fair-plot"}
 
 // notWithFairness are bench flags --fairness has no use for: it publishes its own loads,
 // starts its own deployments, and its worker runs in a process of its own.
@@ -72,6 +73,7 @@ func (f *fairFlags) define(fs *flag.FlagSet) {
 	fs.DurationVar(&f.drainLat, "fair-drain-latency", 0, "--fairness throughput: the fake's latency for a alone (short, so the worker's own cost shows)")
 	fs.StringVar(&f.callers, "fair-callers", "10,100,1000", "--fairness callers: numbers of active callers")
 	fs.IntVar(&f.callersN, "fair-callers-n", 4000, "--fairness callers: requests in each round, round robin over the callers, as fast as -c producers can")
+	fs.StringVar(&f.plot, "fair-plot", "", "--fairness floods: also draw b's p50 and p99 against a's flood, fair share and arrival order, as a PNG to this file")
 	fs.DurationVar(&f.idle, "fair-idle", 3*time.Second, "--fairness callers: after the drain, how long the idle worker and server are measured (their consumers still in place)")
 }
 
@@ -147,6 +149,9 @@ func (f *fairFlags) check(b *benchFlags, set map[string]bool) []error {
 	}
 	if f.idle < 0 {
 		errs = append(errs, fmt.Errorf("--fair-idle must not be negative, got %s", f.idle))
+	}
+	if f.plot != "" && !f.partSet["floods"] {
+		errs = append(errs, errors.New("--fair-plot draws the floods: add floods to --fair-parts"))
 	}
 	return errs
 }
@@ -323,6 +328,12 @@ func (f *benchFlags) runFairness(ctx context.Context, stdout, stderr io.Writer) 
 	if werr := rep.write(stdout, f.jsonOut); werr != nil {
 		fmt.Fprintf(stderr, "sys1 bench: %v\n", werr)
 		return exitUsage
+	}
+	if f.fair.plot != "" && len(rep.Floods) > 0 {
+		if perr := saveFairPlot(f.fair.plot, rep); perr != nil {
+			fmt.Fprintf(stderr, "sys1 bench: --fair-plot: %v\n", perr)
+			return exitFailed
+		}
 	}
 	if err != nil || rep.failed() {
 		return exitFailed

@@ -38,6 +38,7 @@ func TestBenchFairnessUsageErrors(t *testing.T) {
 		{[]string{"--self", "--fairness", "--fair-drain-latency", "-1ms"}, "--fair-drain-latency must not be negative"},
 		{[]string{"--self", "--fairness", "--fair-callers", "10,500", "--fair-callers-n", "100"}, "--fair-callers-n 100 gives 500 callers no request"},
 		{[]string{"--self", "--fairness", "--fair-idle", "-1s"}, "--fair-idle must not be negative"},
+		{[]string{"--self", "--fairness", "--fair-parts", "callers", "--fair-plot", "x.png"}, "--fair-plot draws the floods"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), append([]string{"bench", "--progress", "never"}, tc.args...), &stdout, &stderr)
@@ -196,6 +197,19 @@ func TestFairReportTables(t *testing.T) {
 	}
 	if len(back.Floods) != 4 || !back.Floods[3].P99Over || back.ThroughputRatio != 1.025 || back.Callers[2].ConsumersMS != 7000 {
 		t.Errorf("JSON %s", js.String())
+	}
+}
+
+func TestFairPlot(t *testing.T) {
+	var png bytes.Buffer
+	if err := writeFairPlot(&png, fakeFairReport()); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(png.Bytes(), []byte("\x89PNG\r\n\x1a\n")) || png.Len() < 10000 {
+		t.Fatalf("not a PNG of a figure: %d bytes", png.Len())
+	}
+	if err := writeFairPlot(&png, &fairReport{}); err == nil {
+		t.Fatal("a plot without floods")
 	}
 }
 
