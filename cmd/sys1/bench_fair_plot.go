@@ -111,7 +111,7 @@ func writeFairPlot(w io.Writer, rep *fairReport) error {
 				level.Color, level.Width, level.Dashes = colour, vg.Points(1), []vg.Length{vg.Points(1), vg.Points(3)}
 				p.Add(level)
 				if q.name == "p99" {
-					p.Legend.Add(fmt.Sprintf("%s, b alone (p99)", modeName(fair)), level)
+					p.Legend.Add(fmt.Sprintf("%s, b alone (dotted: p99, p50)", modeName(fair)), level)
 				}
 			}
 		}
