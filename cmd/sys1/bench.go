@@ -43,8 +43,20 @@ like one real Ollama instead: N calls at once, an unbounded FIFO queue behind th
 as for a loaded model) and a service time of --provider-latency + questions ×
 (--provider-per-question + --provider-per-kib × state KiB). See deploy/performance.md.
 
+With --self --fairness it measures fair share between callers (issue 21; deploy/performance.md
+figure 13), each measurement once with fair share and once in arrival order
+(SYS1_FAIR_SHARE=off), alternating, on a fresh deployment each: a NATS server and a
+'sys1 worker' as processes of their own (this binary), the fake Ollama and the load in this
+one. floods: caller b's --fair-b requests, sent once a flood of --fair-floods times as many
+from caller a is stored, against b alone (b's p50/p99, publish to reply). throughput: caller a
+alone drains --fair-drain requests (decisions/s, fair share ÷ arrival order). callers:
+--fair-callers-n requests round robin over --fair-callers callers (the worker's and the
+server's CPU per 1,000 decisions and peak RSS, their flow consumers and how long creating them
+took). --concurrency defaults to 8 there.
+
 Exit status: 0 when every run succeeded, 1 when any failed, went unanswered or could not be
-published, 2 on usage or connection errors.
+published (with --fairness, b still waiting at --fair-cap is a measurement, not a failure), 2
+on usage or connection errors.
 
 flags:
 `
@@ -78,6 +90,8 @@ type benchFlags struct {
 	batch           int
 	natsNodes       int
 	natsSync        string
+	arrivalOrder    bool
+	fair            fairFlags
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -120,7 +134,9 @@ func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, 
 	fs.DurationVar(&f.memSample, "mem-sample", 250*time.Millisecond, "--self: memory sampling period")
 	fs.IntVar(&f.natsNodes, "nats-nodes", 1, "--self: NATS servers: 1 (R1 streams) or 3 (an in-process cluster, R3 streams and buckets, as deployed)")
 	fs.StringVar(&f.natsSync, "nats-sync", "always", "--self: the servers' JetStream sync_interval: always (as shipped: every write on disk before its ack) or a duration (2m: nats-server's default)")
+	fs.BoolVar(&f.arrivalOrder, "arrival-order", false, "--self: run the replicas without fair share (SYS1_FAIR_SHARE=off: each lane read through one shared consumer, in arrival order)")
 	fs.IntVar(&f.batch, "batch", 0, "--self: a batch of this many copies of the template drains beside the interactive load (published and read by the batch client; the load starts once the batch is draining and the batch stops when it ends); with -n 0, the batch alone")
+	f.fair.define(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, exitOK, false
@@ -134,6 +150,10 @@ func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, 
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if f.fair.on && !set["concurrency"] {
+		// The fairness figure's default: few slots, so a flood queues and b's wait shows.
+		f.concurrency = 8
+	}
 	if f.duration > 0 && !set["n"] {
 		// --duration alone publishes for that long: the default count would end it early.
 		f.n = 0
@@ -146,6 +166,9 @@ func parseBenchFlags(args []string, stderr io.Writer) (f *benchFlags, code int, 
 }
 
 func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
+	if f.fair.on {
+		return f.runFairness(ctx, stdout, stderr)
+	}
 	body, err := loadtest.Template(f.template)
 	if err != nil {
 		fmt.Fprintf(stderr, "sys1 bench: --template: %v\n", err)
@@ -187,7 +210,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) int {
 			Replicas: f.replicas, Concurrency: f.concurrency, FetchBatch: f.fetchBatch, ConcurrencyMode: f.concurrencyMode,
 			ProviderLatency: f.providerLatency, ProviderSlots: f.providerSlots,
 			ProviderPerQuestion: f.perQuestion, ProviderPerStateKiB: f.perKiB, Logger: log,
-			NATSNodes: f.natsNodes, SyncInterval: f.natsSync,
+			NATSNodes: f.natsNodes, SyncInterval: f.natsSync, ArrivalOrder: f.arrivalOrder,
 		})
 		if err != nil {
 			fmt.Fprintf(stderr, "sys1 bench: --self: %v\n", err)
@@ -349,7 +372,7 @@ func (f *benchFlags) runBesideBatch(ctx context.Context, bb *benchBatch, nc *nat
 }
 
 // selfOnly are the flags that only mean something with --self.
-var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "concurrency-mode", "provider-latency", "provider-slots", "provider-per-question", "provider-per-kib", "preload", "hold", "mem-sample", "batch", "nats-nodes", "nats-sync"}
+var selfOnly = []string{"replicas", "concurrency", "fetch-batch", "concurrency-mode", "provider-latency", "provider-slots", "provider-per-question", "provider-per-kib", "preload", "hold", "mem-sample", "batch", "nats-nodes", "nats-sync", "arrival-order"}
 
 // check validates the flags; set holds the names given on the command line.
 func (f *benchFlags) check(set map[string]bool) error {
@@ -424,6 +447,7 @@ func (f *benchFlags) check(set map[string]bool) error {
 	if _, _, err := natsconn.ParseSyncInterval(f.natsSync); err != nil {
 		errs = append(errs, fmt.Errorf("--nats-sync: %v", err))
 	}
+	errs = append(errs, f.fair.check(f, set)...)
 	return errors.Join(errs...)
 }
 
@@ -446,6 +470,7 @@ type benchSetup struct {
 	Preload               bool    `json:"preload,omitempty"`
 	NATSNodes             int     `json:"nats_nodes,omitempty"`
 	NATSSync              string  `json:"nats_sync,omitempty"`
+	ArrivalOrder          bool    `json:"arrival_order,omitempty"`
 }
 
 func (f *benchFlags) setup(body []byte) benchSetup {
@@ -455,7 +480,7 @@ func (f *benchFlags) setup(body []byte) benchSetup {
 	}
 	if f.self {
 		s.Replicas, s.Concurrency, s.Preload = f.replicas, f.concurrency, f.preload
-		s.NATSNodes, s.NATSSync = f.natsNodes, f.natsSync
+		s.NATSNodes, s.NATSSync, s.ArrivalOrder = f.natsNodes, f.natsSync, f.arrivalOrder
 		s.ProviderLatencyMS = float64(f.providerLatency.Microseconds()) / 1000
 		s.ProviderSlots = f.providerSlots
 		s.ProviderPerQuestionMS = float64(f.perQuestion.Microseconds()) / 1000
@@ -506,6 +531,9 @@ func (o benchOutput) write(w io.Writer, asJSON bool) error {
 			fmt.Fprint(w, ", preloaded backlog")
 		}
 		fmt.Fprintf(w, "; %d NATS node(s), sync_interval %s", s.NATSNodes, s.NATSSync)
+		if s.ArrivalOrder {
+			fmt.Fprint(w, "; arrival order (no fair share)")
+		}
 	}
 	switch {
 	case o.Batch != nil && o.Report == nil:

@@ -189,6 +189,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{[]string{"--self", "--provider-per-question", "1ms"}, "--provider-per-question needs --provider-slots"},
 		{[]string{"--self", "--provider-slots", "1", "--provider-per-kib", "-1ms"}, "--provider-per-kib must not be negative"},
 		{[]string{"--batch", "10"}, "--batch needs --self"},
+		{[]string{"--arrival-order"}, "--arrival-order needs --self"},
 		{[]string{"--self", "--batch", "-1"}, "--batch must not be negative"},
 		{[]string{"--self", "--batch", "10", "--preload"}, "--batch and --preload do not go together"},
 	} {

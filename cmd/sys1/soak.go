@@ -61,7 +61,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.Dir, "dir", "", "directory for stores, configuration and logs (default: a temporary one, removed unless --keep)")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the directory and the ClickHouse database")
 	jsonOut := fs.String("json", "", "also write the verdict as JSON to this file")
-	natsNode := fs.String("nats-node", "", "internal: run one NATS node from this configuration file (the soak starts its nodes so)")
+	natsNode := fs.String("nats-node", "", "internal: run one NATS node from this configuration file (the soak and bench --fairness start their nodes so)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK

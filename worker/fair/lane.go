@@ -193,50 +193,129 @@ type Deliver func(jetstream.Msg, topology.Flow) bool
 // Take fetches up to n messages, from flows in the Scheduler's order, and hands each to
 // deliver with its flow. It returns how many were taken, and an error only when none was
 // because no flow could be read.
+//
+// The pulls of one pass are all sent before any is read: with many callers each turn is one
+// message, and a round trip per flow, one after the other, would make the pull loop slower
+// the more callers compete (a round trip per message where arrival order takes every free
+// slot in one). A pass costs one round trip whatever the number of flows it reads.
 func (l *Lane) Take(ctx context.Context, n int, deliver Deliver) (int, error) {
 	l.absorb(ctx)
 	used := 0
 	var firstErr error
 	for used < n && ctx.Err() == nil {
-		key, k, ok := l.sched.Next(n - used)
-		if !ok {
+		pulls := l.plan(n - used)
+		if len(pulls) == 0 {
 			break
 		}
-		f := l.flows[key]
-		l.mu.Lock()
-		cons := l.cons[key]
-		l.mu.Unlock()
-		if cons == nil { // found gone by an earlier fetch of this Take: created again first
-			l.sched.Took(key, 0, true)
-			delete(l.flows, key)
-			continue
+		for i := range pulls {
+			pulls[i].send(l)
 		}
-		got, exhausted, err := l.fetch(ctx, cons, f, k, deliver)
-		if err != nil {
-			exhausted = true
-			if firstErr == nil && !gone(err) {
-				firstErr = err
+		for _, p := range pulls {
+			got, exhausted, err := p.receive(l, deliver)
+			if err != nil {
+				exhausted = true
+				if firstErr == nil && !gone(err) {
+					firstErr = err
+				}
+				if gone(err) {
+					// Removed for idleness (or by an operator) between our pulls: created again
+					// with the flow's next activation.
+					l.mu.Lock()
+					delete(l.cons, p.key)
+					l.arrived[p.key] = p.flow
+					l.mu.Unlock()
+				}
 			}
-			if gone(err) {
-				// Removed for idleness (or by an operator) between our pulls: created again
-				// with the flow's next activation.
-				l.mu.Lock()
-				delete(l.cons, key)
-				l.arrived[key] = f
-				l.mu.Unlock()
+			if exhausted {
+				l.sched.Deactivate(p.key)
+				delete(l.flows, p.key)
 			}
+			l.settleFresh(p.flow, got, err)
+			used += got
 		}
-		l.sched.Took(key, got, exhausted)
-		if exhausted {
-			delete(l.flows, key)
-		}
-		l.settleFresh(f, got, err)
-		used += got
 	}
 	if used > 0 {
 		return used, nil
 	}
 	return 0, firstErr
+}
+
+// pull is one flow's part of a pass: up to k messages.
+type pull struct {
+	key  string
+	flow topology.Flow
+	cons jetstream.Consumer
+	k    int
+	mb   jetstream.MessageBatch
+	err  error
+}
+
+// plan is the Scheduler's order for up to left messages, as one pull per flow. Each turn is
+// recorded as taken in full when planned; a flow that gives fewer is exhausted and leaves
+// the round when its pull is read (a caller with several flows, the batch lane's, may so be
+// charged for up to a turn it did not get: never more than its weight).
+func (l *Lane) plan(left int) []pull {
+	var pulls []pull
+	index := map[string]int{}
+	for left > 0 {
+		key, k, ok := l.sched.Next(left)
+		if !ok {
+			break
+		}
+		l.mu.Lock()
+		cons := l.cons[key]
+		l.mu.Unlock()
+		if cons == nil { // found gone by an earlier pull of this Take: created again first
+			l.sched.Took(key, 0, true)
+			delete(l.flows, key)
+			continue
+		}
+		l.sched.Took(key, k, false)
+		if i, ok := index[key]; ok {
+			pulls[i].k += k
+		} else {
+			index[key] = len(pulls)
+			pulls = append(pulls, pull{key: key, flow: l.flows[key], cons: cons, k: k})
+		}
+		left -= k
+	}
+	return pulls
+}
+
+// send asks for the flow's messages that are there now; receive reads them.
+func (p *pull) send(l *Lane) {
+	p.mb, p.err = p.cons.FetchNoWait(p.k)
+	if p.err != nil {
+		p.err = fmt.Errorf("%s lane: fetch from %s: %w", l.cfg.Lane, l.cfg.Topology.FlowConsumer(p.flow), p.err)
+	}
+}
+
+// receive hands the pull's messages to deliver; exhausted says the flow has no more now.
+func (p *pull) receive(l *Lane, deliver Deliver) (got int, exhausted bool, err error) {
+	if p.err != nil {
+		return 0, true, p.err
+	}
+	var last jetstream.Msg
+	n := 0
+	for m := range p.mb.Messages() {
+		n++
+		last = m
+		if deliver(m, p.flow) {
+			got++
+		}
+	}
+	if err := p.mb.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+		return got, true, fmt.Errorf("%s lane: fetch from %s: %w", l.cfg.Lane, l.cfg.Topology.FlowConsumer(p.flow), err)
+	}
+	if n < p.k {
+		return got, true, nil
+	}
+	// Every message carries how many more the consumer has waiting: none, and the flow is
+	// idle now without another round trip to find out.
+	if meta, err := last.Metadata(); err == nil && meta.NumPending == 0 {
+		return got, true, nil
+	}
+	return got, false, nil
 }
 
 // settleFresh ends a flow's fresh window once it gave a message (or failed), and looks at an
@@ -258,35 +337,6 @@ func (l *Lane) settleFresh(f topology.Flow, got int, err error) {
 			l.signal()
 		})
 	}
-}
-
-// fetch takes up to k messages of one flow that are there now.
-func (l *Lane) fetch(ctx context.Context, cons jetstream.Consumer, f topology.Flow, k int, deliver Deliver) (got int, exhausted bool, err error) {
-	mb, err := cons.FetchNoWait(k)
-	if err != nil {
-		return 0, true, fmt.Errorf("%s lane: fetch from %s: %w", l.cfg.Lane, l.cfg.Topology.FlowConsumer(f), err)
-	}
-	var last jetstream.Msg
-	n := 0
-	for m := range mb.Messages() {
-		n++
-		last = m
-		if deliver(m, f) {
-			got++
-		}
-	}
-	if err := mb.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-		return got, true, fmt.Errorf("%s lane: fetch from %s: %w", l.cfg.Lane, l.cfg.Topology.FlowConsumer(f), err)
-	}
-	if n < k {
-		return got, true, nil
-	}
-	// Every message carries how many more the consumer has waiting: none, and the flow is
-	// idle now without another round trip to find out.
-	if meta, err := last.Metadata(); err == nil && meta.NumPending == 0 {
-		return got, true, nil
-	}
-	return got, false, nil
 }
 
 // absorb moves the flows found active since the last Take into the scheduler; those whose

@@ -245,3 +245,38 @@ func TestPreloadDrainsWhatWasPublished(t *testing.T) {
 			drained, len(ids), rep.Sent, rep.Succeeded, rep.PublishErrors)
 	}
 }
+
+// Callers spreads the requests round robin over that many callers, Caller-0 to Caller-(n-1),
+// and the report keeps every answered run's latency, ascending.
+func TestCallersSpreadRoundRobinAndLatenciesAreKept(t *testing.T) {
+	seen := map[string]int{}
+	var order []string
+	_, rep := fakeRun(t, Options{Requests: 7, Callers: 3}, func(g *generator, i int64, req client.Request) error {
+		seen[req.Caller]++
+		order = append(order, req.Caller)
+		g.onReply(replyMsg(req.RunID, successReply))
+		return nil
+	})
+	if seen["bench-0"] != 3 || seen["bench-1"] != 2 || seen["bench-2"] != 2 || len(seen) != 3 {
+		t.Fatalf("requests per caller %v, want bench-0: 3, bench-1: 2, bench-2: 2", seen)
+	}
+	if order[0] != "bench-0" || order[1] != "bench-1" || order[3] != "bench-0" {
+		t.Fatalf("order %v, want round robin", order)
+	}
+	if len(rep.Latencies) != 7 {
+		t.Fatalf("%d latencies kept, want 7", len(rep.Latencies))
+	}
+	for i := 1; i < len(rep.Latencies); i++ {
+		if rep.Latencies[i] < rep.Latencies[i-1] {
+			t.Fatalf("latencies not ascending: %v", rep.Latencies)
+		}
+	}
+	// One caller (0 or 1) publishes as Caller itself.
+	_, _ = fakeRun(t, Options{Requests: 2, Callers: 1}, func(g *generator, _ int64, req client.Request) error {
+		if req.Caller != "bench" {
+			t.Errorf("caller %q, want bench", req.Caller)
+		}
+		g.onReply(replyMsg(req.RunID, successReply))
+		return nil
+	})
+}

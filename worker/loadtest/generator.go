@@ -43,6 +43,9 @@ type Options struct {
 	Producers int
 	// Caller is the subject token: requests go to sys1.decide.<Caller>.
 	Caller string
+	// Callers, above 1, spreads the requests over that many callers, round robin: request i
+	// goes to sys1.decide.<Caller>-<i mod Callers>.
+	Callers int
 	// Body is the request JSON sent with every message.
 	Body []byte
 	// ReplyTimeout is how long to wait with no reply arriving before giving up on the
@@ -100,6 +103,8 @@ type Report struct {
 	ScheduleLag Summary `json:"schedule_lag"`
 	// Latency is end to end: publish start to reply received, per answered run.
 	Latency Summary `json:"latency"`
+	// Latencies are Latency's samples, ascending, for pooling runs' distributions.
+	Latencies []time.Duration `json:"-"`
 	// QueueWait is the reply's queued_ms: stream publish to the worker starting the run.
 	QueueWait Summary `json:"queue_wait"`
 	// ProviderTime is every attempt's latency_ms.
@@ -223,6 +228,9 @@ func (o *Options) check() error {
 	if o.Producers < 1 {
 		errs = append(errs, fmt.Errorf("producers must be at least 1, got %d", o.Producers))
 	}
+	if o.Callers < 0 {
+		errs = append(errs, fmt.Errorf("callers must not be negative, got %d", o.Callers))
+	}
 	if o.Caller == "" {
 		errs = append(errs, errors.New("caller is required"))
 	}
@@ -236,17 +244,24 @@ func (o *Options) check() error {
 }
 
 func newGenerator(o Options, publish func(context.Context, client.Request) error) *generator {
-	return &generator{
+	g := &generator{
 		o: o, publishFn: publish, prefix: "bench-" + nuid.Next() + "-",
 		pending: map[string]time.Time{}, failedBy: map[string]int{}, answeredCh: make(chan struct{}, 1),
 	}
+	if o.Callers > 1 {
+		for i := range o.Callers {
+			g.callers = append(g.callers, o.Caller+"-"+strconv.Itoa(i))
+		}
+	}
+	return g
 }
 
 type generator struct {
 	o         Options
 	publishFn func(context.Context, client.Request) error
 	inbox     string
-	prefix    string // every run id is prefix + its request index
+	prefix    string   // every run id is prefix + its request index
+	callers   []string // Options.Callers' names, when above 1
 	start     time.Time
 
 	next      atomic.Int64 // the next request index to publish
@@ -345,7 +360,11 @@ func (g *generator) publish(ctx context.Context, i int64, dueAt time.Time) error
 		g.lag = append(g.lag, now.Sub(start))
 	}
 	g.mu.Unlock()
-	err := g.publishFn(ctx, client.Request{Caller: g.o.Caller, Body: g.o.Body, RunID: runID, ReplyTo: g.inbox})
+	caller := g.o.Caller
+	if len(g.callers) > 0 {
+		caller = g.callers[i%int64(len(g.callers))]
+	}
+	err := g.publishFn(ctx, client.Request{Caller: caller, Body: g.o.Body, RunID: runID, ReplyTo: g.inbox})
 	if err != nil {
 		g.mu.Lock()
 		answered := g.answered.has(i)
@@ -482,6 +501,7 @@ func (g *generator) report(published time.Time) *Report {
 		LateReplies:       g.late,
 		PublishMS:         ms(published.Sub(g.start)),
 		Latency:           Summarize(g.latency),
+		Latencies:         g.latency, // sorted by Summarize
 		QueueWait:         Summarize(g.queueWait),
 		ProviderTime:      Summarize(g.providerMS),
 		TargetRate:        g.o.Rate,

@@ -273,6 +273,7 @@ func TestOptionsCheck(t *testing.T) {
 		{"producers", Options{Requests: 1, Caller: "c", Body: body}, "producers must be at least 1"},
 		{"rate", Options{Requests: 1, Rate: -1, Producers: 1, Caller: "c", Body: body}, "rate must not be negative"},
 		{"caller", Options{Requests: 1, Producers: 1, Body: body}, "caller is required"},
+		{"callers", Options{Requests: 1, Producers: 1, Callers: -2, Caller: "c", Body: body}, "callers must not be negative"},
 		{"body", Options{Requests: 1, Producers: 1, Caller: "c"}, "request body is empty"},
 		{"preload by duration", Options{Duration: time.Second, Producers: 1, Caller: "c", Body: body, BeforeDrain: func(context.Context, int64) error { return nil }}, "preload needs a number of requests"},
 	} {
