@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider/ollamatest"
-	"github.com/sys1hq/sys1/worker/client"
 	"github.com/sys1hq/sys1/worker/loadtest"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -531,7 +531,7 @@ func (r *fairRunner) flood(ctx context.Context, round, flood int, fair bool) (ru
 		case <-ctx.Done():
 			return run, ctx.Err()
 		}
-		if run.AQueued, err = subjectCount(ctx, ncA, client.SubjectPrefix+"a"); err != nil {
+		if run.AQueued, err = subjectCount(ctx, ncA, wire.Decide("a")); err != nil {
 			return run, err
 		}
 	}
