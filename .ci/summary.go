@@ -1,8 +1,9 @@
 //go:build ignore
 
-// summary reads `go test -json` on stdin, prints the tests' output as go test would, and ends
-// with the slowest tests and packages, so a slow suite says where its time went. It exits 1
-// when any test or package failed (or the stream broke off), so .ci/test can rely on it.
+// summary reads `go test -json` on stdin and prints what go test prints without -v — each
+// package's result, and the whole output of every test that failed — then the slowest tests
+// and packages, so a slow suite says where its time went. It exits 1 when any test or package
+// failed (or the stream broke off), so .ci/test can rely on it.
 //
 //	go test -json ./... | go run .ci/summary.go
 package main
@@ -34,6 +35,8 @@ func main() {
 	const slowest = 20
 	var tests, packages []timing
 	failed := map[string]bool{}
+	// A test's output is kept until it ends: shown if it failed, dropped if it passed.
+	held := map[string][]string{}
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 64<<20)
 	out := bufio.NewWriter(os.Stdout)
@@ -44,10 +47,23 @@ func main() {
 			fmt.Fprintln(out, in.Text())
 			continue
 		}
+		key := e.Package + " " + e.Test
 		switch e.Action {
 		case "output":
-			fmt.Fprint(out, e.Output)
+			if e.Test == "" {
+				fmt.Fprint(out, e.Output) // the package's own lines: ok, FAIL, build errors, panics
+			} else {
+				held[key] = append(held[key], e.Output)
+			}
+		case "skip":
+			delete(held, key)
 		case "pass", "fail":
+			if e.Test != "" {
+				if e.Action == "fail" {
+					fmt.Fprint(out, strings.Join(held[key], ""))
+				}
+				delete(held, key)
+			}
 			name := e.Package
 			if e.Test != "" {
 				name += " " + e.Test
@@ -62,7 +78,7 @@ func main() {
 				failed[name] = true
 			}
 		}
-		if e.Action == "output" && strings.HasSuffix(e.Output, "\n") {
+		if e.Test == "" || e.Action == "fail" {
 			out.Flush()
 		}
 	}
