@@ -31,7 +31,7 @@ func TestReviewMetrics(t *testing.T) {
 		if res.status != http.StatusOK {
 			t.Fatalf("/metrics: %d\n%s", res.status, res.body)
 		}
-		if err := metricstest.Check(h.rs.registry, res.body, filepath.Join("..", "..", "deploy", "README.md"), "sys1_review_", MetricFamilies()); err != nil {
+		if err := metricstest.Check(h.rs.registry, res.body, filepath.Join("..", "..", "..", "deploy", "README.md"), "sys1_review_", MetricFamilies()); err != nil {
 			t.Fatalf("%v\n%s", err, res.body)
 		}
 		fams, _ := metricstest.Parse(res.body)
