@@ -130,17 +130,10 @@ func TestFlowConsumersShareTheWorkQueue(t *testing.T) {
 		}
 	}
 	// Idle for longer than the threshold, with nothing in hand: JetStream removes it.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	natstest.WaitFor(t, 15*time.Second, "the idle flow consumer removed after its inactive threshold", func() bool {
 		_, err := js.Consumer(ctx, cfg.RequestsStream, cfg.FlowConsumer(b))
-		if err != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("an idle flow consumer was not removed after its inactive threshold")
-		}
-		time.Sleep(100 * time.Millisecond) // waiting on the server's own timer
-	}
+		return err != nil
+	})
 }
 
 // TestModesRemoveEachOthersConsumers: a fleet switching to fair share removes the lanes'
