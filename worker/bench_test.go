@@ -14,6 +14,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/sys1hq/sys1/cmd/sys1/loadtest"
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/provider"
 	"github.com/sys1hq/sys1/provider/ollama"
@@ -22,7 +23,6 @@ import (
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/client"
-	"github.com/sys1hq/sys1/worker/loadtest"
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/topology"

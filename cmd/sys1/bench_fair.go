@@ -19,9 +19,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sys1hq/sys1/cmd/sys1/loadtest"
 	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/provider/ollamatest"
-	"github.com/sys1hq/sys1/worker/loadtest"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sys1hq/sys1/worker/loadtest"
+	"github.com/sys1hq/sys1/cmd/sys1/loadtest"
 )
 
 // fairDeployOptions say how to start one deployment of bench --fairness.

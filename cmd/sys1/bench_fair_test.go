@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sys1hq/sys1/worker/loadtest"
+	"github.com/sys1hq/sys1/cmd/sys1/loadtest"
 )
 
 func TestBenchFairnessUsageErrors(t *testing.T) {

@@ -21,7 +21,7 @@ func TestTemplatesAreTheContractExamples(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := os.ReadFile(filepath.Join("..", "..", "contract", "examples", name+".json"))
+		want, err := os.ReadFile(filepath.Join("..", "..", "..", "contract", "examples", name+".json"))
 		if err != nil {
 			t.Fatal(err)
 		}
