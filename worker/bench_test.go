@@ -127,7 +127,7 @@ func benchPipelineWith(b *testing.B, prov provider.Provider, concurrency int, mo
 		b.Fatal(err)
 	}
 	opts := worker.Options{
-		NC: wnc, JS: js, Topology: topology.Default(), Provider: prov, Policy: contract.Policy{DefaultModel: "nimble"},
+		NC: wnc, JS: js, Topology: topology.Default(), Provider: prov, ModelPolicy: contract.Policy{DefaultModel: "nimble"},
 		Auth: authn, Logger: zerolog.Nop(), Version: "bench", FetchWait: 250 * time.Millisecond,
 	}
 	if mod != nil {

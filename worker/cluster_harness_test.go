@@ -147,8 +147,8 @@ func (h *clusterHarness) startWorker(node int) *clusterWorker {
 	defer ncancel()
 	w, err := worker.New(nctx, cfg, worker.Options{
 		NC: nc, JS: js, Topology: h.topo, Provider: h.prov, Auth: a, Logger: h.logger(), Version: "test",
-		Policy:    contract.Policy{DefaultModel: "nimble", AllowedModels: []string{"nimble"}},
-		FetchWait: 500 * time.Millisecond,
+		ModelPolicy: contract.Policy{DefaultModel: "nimble", AllowedModels: []string{"nimble"}},
+		FetchWait:   500 * time.Millisecond,
 	})
 	if err != nil {
 		cancel()

@@ -203,7 +203,7 @@ func (h *harness) start(mods ...func(*replicaOpts)) *replica {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := worker.New(ctx, o.cfg, worker.Options{
-		NC: nc, JS: js, Topology: topo, Provider: o.provider, Links: o.links, ChainConfig: o.chainCfg, Policy: o.policy, Abstention: o.abstention, Limits: o.limits, Prices: o.prices, Auth: o.auth,
+		NC: nc, JS: js, Topology: topo, Provider: o.provider, Links: o.links, ChainConfig: o.chainCfg, ModelPolicy: o.policy, Abstention: o.abstention, Limits: o.limits, Prices: o.prices, Auth: o.auth,
 		Logger: h.logger(), Version: "test", FetchWait: 200 * time.Millisecond,
 		Metrics: o.registry, MetricsCallerLabel: o.callerLabel, TracerProvider: o.tracer,
 	})

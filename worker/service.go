@@ -433,8 +433,8 @@ func (w *Worker) Capabilities() Capabilities {
 		Replica: w.cfg.ID, Version: w.opt.Version,
 		SchemaVersions: map[string]int{"record": contract.RecordSchemaVersion},
 		Chain:          w.chain.Describe(),
-		DefaultModel:   w.opt.Policy.DefaultModel,
-		AllowedModels:  append([]string{}, w.opt.Policy.AllowedModels...),
+		DefaultModel:   w.opt.ModelPolicy.DefaultModel,
+		AllowedModels:  append([]string{}, w.opt.ModelPolicy.AllowedModels...),
 		Limits: Limits{
 			MaxQuestions: contract.MaxQuestions, MinOptions: contract.MinOptions, MaxOptions: contract.MaxOptions,
 			MaxLevels: contract.MaxLevels, MaxImages: contract.MaxImages, MaxTextBytes: contract.MaxTextBytes,

@@ -28,7 +28,7 @@ func (r *run) prepare(context.Context) error {
 		return cerr
 	}
 	r.requested = req.Model
-	resolved, cerr := w.opt.Policy.Resolve(req)
+	resolved, cerr := w.opt.ModelPolicy.Resolve(req)
 	if cerr != nil {
 		return cerr
 	}

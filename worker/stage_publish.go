@@ -217,7 +217,7 @@ func (r *run) rebuildRecord(st *runState) ([]byte, error) {
 	r.omitRequest = f.OmitRequest
 	if req, cerr := contract.DecodeRequest(r.msg.Data()); cerr == nil {
 		r.requested = req.Model
-		if resolved, cerr := r.w.opt.Policy.Resolve(req); cerr == nil {
+		if resolved, cerr := r.w.opt.ModelPolicy.Resolve(req); cerr == nil {
 			r.resolved = resolved
 		}
 	}

@@ -52,7 +52,10 @@ type Options struct {
 	Provider    provider.Provider
 	Links       []chain.Link
 	ChainConfig chain.Config
-	Policy      contract.Policy
+	// ModelPolicy is which models callers may name and the default (SYS1_MODEL,
+	// SYS1_ALLOWED_MODELS, SYS1_KEEP_ALIVE): the request's resolution, not the abstention
+	// policy below.
+	ModelPolicy contract.Policy
 	// Abstention is the abstention policy (SYS1_POLICY_FILE), reloaded as it changes; nil:
 	// no policy — replies carry no verdicts, exactly as before policies existed.
 	Abstention *policy.Handle

@@ -99,7 +99,7 @@ func startWorkersWith(t *testing.T, replicas int, latency time.Duration, configu
 		}
 		w, err := worker.New(ctx, worker.Config{Concurrency: 4, ConcurrencyMode: "fixed", MaxDeliver: 3, ShutdownGrace: 5 * time.Second, FetchBatch: 4,
 			RetryBase: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, ID: fmt.Sprintf("replica-%d", i)},
-			worker.Options{NC: nc, JS: js, Topology: topo, Provider: counting, Policy: contract.Policy{DefaultModel: "nimble"},
+			worker.Options{NC: nc, JS: js, Topology: topo, Provider: counting, ModelPolicy: contract.Policy{DefaultModel: "nimble"},
 				Auth: a, Logger: zerolog.Nop(), Version: "test", FetchWait: 100 * time.Millisecond})
 		if err != nil {
 			cancel()

@@ -41,7 +41,7 @@ func startDeployment(t *testing.T, withWorker bool) string {
 	}
 	a, _ := auth.New(ctx, auth.DefaultConfig(), zerolog.Nop())
 	w, err := worker.New(ctx, worker.Config{Concurrency: 2, ConcurrencyMode: "fixed", MaxDeliver: 2, ShutdownGrace: time.Second, FetchBatch: 2, RetryBase: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond},
-		worker.Options{NC: nc, JS: js, Topology: topo, Provider: simulator.New(0), Policy: contract.Policy{DefaultModel: "nimble"}, Auth: a, Logger: zerolog.Nop(), FetchWait: 100 * time.Millisecond})
+		worker.Options{NC: nc, JS: js, Topology: topo, Provider: simulator.New(0), ModelPolicy: contract.Policy{DefaultModel: "nimble"}, Auth: a, Logger: zerolog.Nop(), FetchWait: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -220,7 +220,7 @@ func runWorker(ctx context.Context, args []string, _, stderr io.Writer) int {
 		defer stopHTTP()
 	}
 	w, err := worker.New(ctx, s.worker, worker.Options{
-		NC: conn.NC, JS: conn.JS, Topology: s.topo, Links: links, ChainConfig: chainCfg, Policy: policy, Auth: authn,
+		NC: conn.NC, JS: conn.JS, Topology: s.topo, Links: links, ChainConfig: chainCfg, ModelPolicy: policy, Auth: authn,
 		Abstention: s.files.policy, Limits: s.files.limits, Prices: s.files.prices,
 		Logger: log, Version: version, Metrics: reg, MetricsCallerLabel: s.metrics.CallerLabel, TracerProvider: tp,
 		OnSetUpWait: func(err error, wait time.Duration) {

@@ -104,7 +104,7 @@ func TestPermissionsForLabelsAndReview(t *testing.T) {
 	w, err := worker.New(ctx, worker.Config{Concurrency: 2, MaxDeliver: 3, ShutdownGrace: 5 * time.Second, FetchBatch: 2,
 		RetryBase: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, StoreRetry: 2 * time.Second, ID: "perm-worker"},
 		worker.Options{NC: wnc, JS: wjs, Topology: topology.Default(), Provider: prov, Auth: authn, Abstention: pol,
-			Policy: contract.Policy{DefaultModel: "nimble", AllowedModels: []string{"nimble"}}, Logger: zerolog.Nop(), Version: "test", FetchWait: 200 * time.Millisecond})
+			ModelPolicy: contract.Policy{DefaultModel: "nimble", AllowedModels: []string{"nimble"}}, Logger: zerolog.Nop(), Version: "test", FetchWait: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("worker.New as sys1-worker: %v", err)
 	}

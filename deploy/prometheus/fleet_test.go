@@ -130,7 +130,7 @@ func startFleet(t *testing.T) *fleet {
 		Concurrency: 8, ConcurrencyMode: "fixed", MaxDeliver: 2, ShutdownGrace: 5 * time.Second, FetchBatch: 16,
 		RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond, ID: fleetReplica,
 	}, worker.Options{
-		NC: nc, JS: js, Topology: topo, Provider: prov, Policy: contract.Policy{DefaultModel: "nimble"},
+		NC: nc, JS: js, Topology: topo, Provider: prov, ModelPolicy: contract.Policy{DefaultModel: "nimble"},
 		Abstention: abstention, Limits: lim, Auth: authn, Logger: log, Version: "test",
 		FetchWait: 250 * time.Millisecond, Metrics: reg, MetricsCallerLabel: true,
 	})

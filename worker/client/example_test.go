@@ -86,7 +86,7 @@ func startSys1() (string, func()) {
 	}
 	w, err := worker.New(ctx, worker.Config{Concurrency: 2, ConcurrencyMode: "fixed", MaxDeliver: 2, ShutdownGrace: time.Second, FetchBatch: 2, RetryBase: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond},
 		worker.Options{NC: nc, JS: js, Topology: topology.Default(), Provider: simulator.New(0),
-			Policy: contract.Policy{DefaultModel: "nimble"}, Auth: a, Logger: zerolog.Nop(), FetchWait: 100 * time.Millisecond})
+			ModelPolicy: contract.Policy{DefaultModel: "nimble"}, Auth: a, Logger: zerolog.Nop(), FetchWait: 100 * time.Millisecond})
 	if err != nil {
 		panic(err)
 	}

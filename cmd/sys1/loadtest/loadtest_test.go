@@ -409,7 +409,7 @@ func startOutsideWorker(t *testing.T, natsURL, ollamaURL string, concurrency int
 		t.Fatal(err)
 	}
 	w, err := worker.New(ctx, worker.Config{Concurrency: concurrency, ConcurrencyMode: "fixed", MaxDeliver: 3, ShutdownGrace: 5 * time.Second, FetchBatch: concurrency, RetryBase: time.Second, RetryMax: time.Minute, ID: "outside"},
-		worker.Options{NC: nc, JS: js, Topology: topology.Default(), Provider: prov, Policy: contract.Policy{DefaultModel: "nimble"}, Auth: authn, Logger: zerolog.Nop(), FetchWait: 100 * time.Millisecond})
+		worker.Options{NC: nc, JS: js, Topology: topology.Default(), Provider: prov, ModelPolicy: contract.Policy{DefaultModel: "nimble"}, Auth: authn, Logger: zerolog.Nop(), FetchWait: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

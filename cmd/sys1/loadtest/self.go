@@ -176,7 +176,7 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 			cfg.FetchBatch = o.FetchBatch
 		}
 		if sw.w, err = worker.New(ctx, cfg, worker.Options{
-			NC: sw.nc, JS: js, Topology: topo, Provider: sw.prov, Policy: contract.Policy{DefaultModel: "nimble"},
+			NC: sw.nc, JS: js, Topology: topo, Provider: sw.prov, ModelPolicy: contract.Policy{DefaultModel: "nimble"},
 			Auth: authn, Logger: log, Version: "bench", FetchWait: 250 * time.Millisecond,
 		}); err != nil {
 			return nil, fmt.Errorf("replica %d: %w", i, err)

@@ -77,8 +77,8 @@ func startWorkerAuth(t *testing.T, natsURL, policyYAML string, authCfg auth.Conf
 		RetryBase: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, StoreRetry: 2 * time.Second, ID: "loop-worker",
 	}, worker.Options{
 		NC: nc, JS: js, Topology: topology.Default(), Provider: prov, Auth: authn, Abstention: pol,
-		Policy: contract.Policy{DefaultModel: "nimble", AllowedModels: []string{"nimble"}},
-		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), Version: "test", FetchWait: 200 * time.Millisecond,
+		ModelPolicy: contract.Policy{DefaultModel: "nimble", AllowedModels: []string{"nimble"}},
+		Logger:      zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), Version: "test", FetchWait: 200 * time.Millisecond,
 	})
 	if err != nil {
 		cancel()
