@@ -31,6 +31,7 @@ var stages = []struct {
 	{"quota", (*run).quota},         // a caller over its pending quota on further subjects
 	{"gate", (*run).gate},           // claim the run id (or find the run already finished)
 	{"prepare", (*run).prepare},     // deadline, decode, resolve, size
+	{"resume", (*run).resume},       // an answer an earlier delivery kept before its review
 	{"cache", (*run).cacheLookup},   // an answer the same weights gave the same request
 	{"budget", (*run).budget},       // the caller's limits, exact across replicas
 	{"call", (*run).call},           // the provider chain
@@ -91,6 +92,8 @@ type run struct {
 	cacheKey *cache.Key // set when the run may use the cache
 	cacheAge time.Duration
 	cacheHit bool
+	// resumed: the answer is one an earlier delivery kept in the gate (stage_resume.go).
+	resumed bool
 	ticket   *budget.Ticket // the run's admission under its caller's limits
 	obs      observation    // spans and metrics (observe.go)
 }

@@ -19,8 +19,8 @@ import (
 // (settleBudget). A run answered from the cache uses no budget.
 func (r *run) budget(ctx context.Context) error {
 	w := r.w
-	if w.budget == nil || r.resp != nil {
-		return nil
+	if w.budget == nil || r.resp != nil && !r.resumed {
+		return nil // no call, no charge (a cache hit); a resumed answer closes its open admission
 	}
 	rule, ok := w.limitsNow().Match(r.identity.Caller)
 	if !ok || !rule.Limited() {
@@ -80,6 +80,14 @@ func (r *run) settleBudget(ctx context.Context) {
 	}
 	r.ticket = nil
 	ctx = context.WithoutCancel(ctx)
+	if r.state != nil && r.state.Answer != nil && r.state.Status != runDone {
+		// The answer is kept for the next delivery, which finishes the run with it and closes
+		// the admission then (stage_resume.go): settling here would let it charge again.
+		if err := t.Release(ctx); err != nil {
+			r.log.Warn().Err(err).Msg("could not free the run's in-flight slot; it lapses with its lease")
+		}
+		return
+	}
 	var actual budget.Actual
 	if r.resp != nil && !r.cacheHit {
 		actual = budget.Actual{InputTokens: r.resp.Usage.InputTokens, USD: r.costUSD()}

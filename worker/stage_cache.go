@@ -18,7 +18,7 @@ import (
 // the chain would ask first and that provider's model digest — new weights, new keys.
 func (r *run) cacheLookup(ctx context.Context) error {
 	w := r.w
-	if w.cache == nil {
+	if w.cache == nil || r.resp != nil {
 		return nil
 	}
 	rule, _ := w.limitsNow().Match(r.identity.Caller)
@@ -71,7 +71,7 @@ func (r *run) cacheLookup(ctx context.Context) error {
 // cacheStore keeps a fresh answer for the next identical request, for the age this one
 // allowed. Only answers the provider that was asked first gave are stored under its key.
 func (r *run) cacheStore(ctx context.Context) error {
-	if r.cacheKey == nil || r.cacheHit || r.resp == nil {
+	if r.cacheKey == nil || r.cacheHit || r.resumed || r.resp == nil {
 		return nil
 	}
 	routes := r.w.chain.Routes(r.resolved.Model)

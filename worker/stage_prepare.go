@@ -19,7 +19,10 @@ func (r *run) prepare(context.Context) error {
 	if err != nil {
 		return contract.Errorf(contract.CodeInvalidInput, "%v", err)
 	}
-	if set && !time.Now().Before(deadline) {
+	// A run whose answer an earlier delivery kept (stage_resume.go) was asked in time and is
+	// past questions of deadline and tries: it is finished with that answer.
+	kept := r.keptAnswer() != nil
+	if set && !time.Now().Before(deadline) && !kept {
 		return expiredBeforeCall(deadline)
 	}
 	r.deadline = deadline
@@ -47,7 +50,7 @@ func (r *run) prepare(context.Context) error {
 		return contract.Errorf(contract.CodeRequestTooLarge, "the run's record would take about %d bytes (the request as recorded plus its answers), over the %d bytes NATS can store (max_payload, SYS1_MAX_MSG_SIZE); send less state or fewer, shorter options, or raise both limits; the model was not called",
 			size, w.storeLimit())
 	}
-	if r.tries() > w.cfg.MaxDeliver {
+	if r.tries() > w.cfg.MaxDeliver && !kept {
 		// Earlier deliveries died without finishing (crashed replicas); stop here.
 		return r.lastError(fmt.Sprintf("no delivery finished the run in %d deliveries", r.meta.NumDelivered))
 	}

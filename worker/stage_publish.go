@@ -51,7 +51,14 @@ func (r *run) publish(ctx context.Context, runErr error) error {
 	recordBytes, _ := record.MarshalJSON()
 	if limit := r.w.storeLimit(); len(recordBytes) <= limit && len(replyBytes) <= limit {
 		// The review item goes first (the reply points at it); one that cannot be stored
-		// changes what the reply says about it.
+		// changes what the reply says about it. Before it, the answer it shows is kept in the
+		// gate: a delivery that dies after queueing it leaves the next one that answer to
+		// finish the run with (stage_resume.go).
+		if r.reviewRun(finished) != nil && !r.reviewQueued {
+			if err := r.keepAnswer(ctx); err != nil {
+				return err
+			}
+		}
 		changed, err := r.queueReview(ctx, finished)
 		if err != nil {
 			return err
@@ -115,6 +122,7 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 		st.Owner, st.LeaseUntil = "", time.Time{} // finished: no delivery holds it any more
 		st.ReplyTo, st.Reply, st.Subject, st.Record = r.replyTo, reply, subject, nil
 		st.Held = r.heldQuestions()
+		st.Answer = nil // the outcome holds it now
 		st.Finished = &finishedState{
 			At: finished, Deliveries: p.deliveries, CallerKind: p.identity.CallerKind,
 			Roles: p.identity.Roles, Scopes: p.identity.Scopes,

@@ -50,11 +50,25 @@ type State struct {
 	// Held lists the questions a person must label before the reply is sent (review: hold);
 	// until then replays answer nothing.
 	Held []string `json:"held,omitempty"`
+	// Answer is the model's answer of a run not finished yet, kept before the answer's first
+	// effect outside the gate (its review message): a delivery that dies after queueing the
+	// review leaves the answer the review shows, and the next delivery of the message finishes
+	// the run with it instead of asking the model again — whose new answer, or failure, would
+	// leave a review item (and a held reply) for an answer the run never gave.
+	Answer *Answer `json:"answer,omitempty"`
 	// Record is the whole record as entries written before Finished held it; read, never written.
 	Record json.RawMessage `json:"record,omitempty"`
 
 	// Key is the gate entry's key (Key, or a legacy key), set when it is read; not stored.
 	Key string `json:"-"`
+}
+
+// Answer is a run's answer in hand: the validated response and who gave it with what model.
+type Answer struct {
+	Response json.RawMessage `json:"response"`
+	Provider string          `json:"provider"`
+	Model    string          `json:"model"`
+	At       time.Time       `json:"at"`
 }
 
 // Finished is what a finished run's record says beyond its reply.
@@ -132,6 +146,14 @@ func (st *State) Encode() ([]byte, error) {
 		}
 		b = append(b, `,"held":`...)
 		b = append(b, h...)
+	}
+	if st.Answer != nil {
+		a, err := json.Marshal(st.Answer)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, `,"answer":`...)
+		b = append(b, a...)
 	}
 	if st.Finished != nil {
 		f, err := json.Marshal(st.Finished)

@@ -1,8 +1,12 @@
 package rungate
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sys1hq/sys1/contract"
 )
 
 func TestKeyIsInjectiveValidAndGroupsBatches(t *testing.T) {
@@ -29,5 +33,30 @@ func TestKeyIsInjectiveValidAndGroupsBatches(t *testing.T) {
 		if want := strings.HasPrefix(id, "batch1:"); in != want {
 			t.Errorf("%q in group batch1 = %v, want %v", id, in, want)
 		}
+	}
+}
+
+// TestEncodeIsJSON: the hand-written encoder (the gate's hot path) writes what encoding/json
+// reads back as the same State, every field set.
+func TestEncodeIsJSON(t *testing.T) {
+	at := time.Date(2026, 12, 3, 10, 0, 0, 123, time.UTC)
+	cost := 0.25
+	st := State{Caller: "svc-a", Status: StatusDone, StreamSeq: 42, StartedAt: at, Waits: 2, Owner: "w/1", LeaseUntil: at.Add(time.Minute),
+		Attempts: []contract.Attempt{{Provider: "ollama", Model: "nimble", Outcome: contract.OutcomeOK, Delivery: 1, StartedAt: at}},
+		ReplyTo:  "_INBOX.svc-a.x", Reply: json.RawMessage(`{"run_id":"r","status":"success"}`), Subject: "sys1.runs.success",
+		Held: []string{"label"}, Answer: &Answer{Response: json.RawMessage(`{"model":"nimble","answers":{}}`), Provider: "ollama", Model: "nimble", At: at},
+		Finished: &Finished{At: at, Deliveries: 2, CallerKind: "subject", Provider: "ollama", Worker: "w", Version: "1", CostUSD: &cost}}
+	b, err := st.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back State
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	want, _ := json.Marshal(st)
+	got, _ := json.Marshal(back)
+	if string(got) != string(want) {
+		t.Fatalf("encoded\n%s\nread back as\n%s\nwant\n%s", b, got, want)
 	}
 }
