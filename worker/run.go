@@ -94,8 +94,8 @@ type run struct {
 	cacheHit bool
 	// resumed: the answer is one an earlier delivery kept in the gate (stage_resume.go).
 	resumed bool
-	ticket   *budget.Ticket // the run's admission under its caller's limits
-	obs      observation    // spans and metrics (observe.go)
+	ticket  *budget.Ticket // the run's admission under its caller's limits
+	obs     observation    // spans and metrics (observe.go)
 }
 
 // handle processes one delivery. It never panics: a panic becomes SYS1_INTERNAL.
