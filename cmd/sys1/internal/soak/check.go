@@ -132,7 +132,33 @@ func (c *checker) final(r *Request) []Reply {
 			out = append(out, x)
 		}
 	}
+	if len(out) == 0 && c.failedUnheld(r) {
+		return rs // it failed before it had an answer to hold: its failure is its answer
+	}
 	return out
+}
+
+// failedUnheld reports whether a held caller's run failed without ever being held: every reply
+// a failure with no review, and no reviewer's label for it. The policy holds answers; a run
+// that got none (the model failing through all its deliveries) has nothing to hold and is
+// answered with its error like any other. A failed run that a reviewer labelled is not this:
+// its review item showed an answer the run never gave.
+func (c *checker) failedUnheld(r *Request) bool {
+	rs := c.replies[r.RunID]
+	if len(rs) == 0 {
+		return false
+	}
+	for _, x := range rs {
+		if x.Status != "failed" || x.Review != "" {
+			return false
+		}
+	}
+	for k, ls := range c.labels {
+		if k[0] == r.RunID && ls[0].Source == "review" {
+			return false
+		}
+	}
+	return true
 }
 
 // window is a run's time span: from its publish to its last reply (or the end).
@@ -372,12 +398,17 @@ func firstAt(rs []Reply) time.Time {
 
 func (c *checker) holds() CheckResult {
 	res := CheckResult{Check: CheckHolds}
+	failedUnheld := 0
 	for i := range c.o.Requests {
 		r := &c.o.Requests[i]
 		if r.Kind != KindHold || !r.Acked() {
 			continue
 		}
 		res.Checked++
+		if c.failedUnheld(r) {
+			failedUnheld++
+			continue
+		}
 		from, to := c.window(r)
 		bad := func(format string, args ...any) {
 			res.Violations = append(res.Violations, Violation{Check: res.Check, RunIDs: []string{r.RunID}, From: from, To: to, Detail: fmt.Sprintf(format, args...)})
@@ -431,6 +462,9 @@ func (c *checker) holds() CheckResult {
 		}
 	}
 	sortViolations(res.Violations)
+	if failedUnheld > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("%d held caller's runs failed before they had an answer to hold (answered with their error, as any run)", failedUnheld))
+	}
 	return res
 }
 

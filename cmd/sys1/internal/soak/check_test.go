@@ -362,3 +362,41 @@ func TestReplyParsesThePublicSchema(t *testing.T) {
 		t.Fatalf("%+v %v", r, err)
 	}
 }
+
+func TestCheckAcceptsAHeldCallersRunThatFailedBeforeItHadAnAnswer(t *testing.T) {
+	h := newHealthy()
+	h.Requests = append(h.Requests, Request{RunID: "h-2", Caller: "soak-hold", Kind: KindHold, Key: "h-2", PublishedAt: at(h.t0, 40), AckedAt: at(h.t0, 40.001)})
+	h.Calls = append(h.Calls, Call{Key: "h-2", Slot: 1, Started: at(h.t0, 40.1), Ended: at(h.t0, 40.2), Fault: "status 503"})
+	h.Replies = append(h.Replies, Reply{RunID: "h-2", Seq: 100, At: at(h.t0, 45), Hash: hashOf("h-2 failed"), Status: "failed", ErrorCode: "SYS1_PROVIDER_BUSY"})
+	h.Rows = append(h.Rows, Row{RunID: "h-2", Caller: "soak-hold", Status: "failed"})
+	r := Check(h.Observations)
+	for _, res := range r.Results {
+		if len(res.Violations) > 0 {
+			t.Fatalf("check %q: %v", res.Check, res.Violations)
+		}
+	}
+	if notes := strings.Join(r.Result(CheckHolds).Notes, " "); !strings.Contains(notes, "1 held caller's runs failed before they had an answer") {
+		t.Errorf("holds notes: %q", notes)
+	}
+}
+
+func TestCheckDetectsAReviewOfAnAnswerTheRunNeverGave(t *testing.T) {
+	h := newHealthy()
+	for i := range h.Replies {
+		if h.Replies[i].RunID == "h-1" { // the run failed, yet a reviewer labelled its item
+			h.Replies[i] = Reply{RunID: "h-1", Seq: h.Replies[i].Seq, At: h.Replies[i].At, Hash: hashOf("h-1 failed"), Status: "failed", ErrorCode: "SYS1_PROVIDER_UNAVAILABLE"}
+		}
+	}
+	for i := range h.Rows {
+		if h.Rows[i].RunID == "h-1" {
+			h.Rows[i].Status = "failed"
+		}
+	}
+	// Its record is one the soak never saw answered, too: two views of one fault.
+	for _, v := range Check(h.Observations).Result(CheckHolds).Violations {
+		if contains(v.RunIDs, "h-1") && strings.Contains(v.Detail, "went out while the run was held") {
+			return
+		}
+	}
+	t.Fatal("a failed run whose review a person labelled passed the holds check")
+}
