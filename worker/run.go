@@ -94,6 +94,9 @@ type run struct {
 	cacheHit bool
 	// resumed: the answer is one an earlier delivery kept in the gate (stage_resume.go).
 	resumed bool
+	// retried: the delivery was handed back for another (nak): the run goes on, and so does
+	// its budget admission (settleBudget).
+	retried bool
 	ticket  *budget.Ticket // the run's admission under its caller's limits
 	obs     observation    // spans and metrics (observe.go)
 }
@@ -165,6 +168,7 @@ func (r *run) tries() int {
 
 // apply ends the delivery as s says.
 func (r *run) apply(ctx context.Context, s Settlement, err error) {
+	r.retried = s.Disposition == Nak
 	switch s.Disposition {
 	case Ack:
 		_ = r.msg.Ack()

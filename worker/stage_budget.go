@@ -80,17 +80,22 @@ func (r *run) settleBudget(ctx context.Context) {
 	}
 	r.ticket = nil
 	ctx = context.WithoutCancel(ctx)
-	if r.state != nil && r.state.Answer != nil && r.state.Status != runDone {
-		// The answer is kept for the next delivery, which finishes the run with it and closes
-		// the admission then (stage_resume.go): settling here would let it charge again.
+	var actual budget.Actual
+	if r.resp != nil && !r.cacheHit {
+		actual = budget.Actual{InputTokens: r.resp.Usage.InputTokens, USD: r.costUSD()}
+	}
+	if r.retried {
+		// The run goes on in a later delivery, which is admitted on this same charge and
+		// settles it in the end. Closing it here would charge that delivery again — or refuse
+		// it, once the budget is spent, for a run already paid for (the soak found one such
+		// run). The charge is corrected to what this delivery used and stays open.
+		if err := t.Hold(ctx, actual); err != nil {
+			r.log.Warn().Err(err).Msg("could not correct the caller's budget to what this delivery used")
+		}
 		if err := t.Release(ctx); err != nil {
 			r.log.Warn().Err(err).Msg("could not free the run's in-flight slot; it lapses with its lease")
 		}
 		return
-	}
-	var actual budget.Actual
-	if r.resp != nil && !r.cacheHit {
-		actual = budget.Actual{InputTokens: r.resp.Usage.InputTokens, USD: r.costUSD()}
 	}
 	if err := t.Settle(ctx, actual); err != nil {
 		r.log.Warn().Err(err).Msg("could not correct the caller's budget to what the run used")

@@ -669,6 +669,54 @@ func (t *Ticket) Settle(ctx context.Context, actual Actual) error {
 	return nil
 }
 
+// Hold corrects the admission's charge to what this delivery used, like Settle, but keeps it
+// open: the run goes on in a later delivery (this one was handed back), which is admitted on
+// it — never refused for a budget spent meanwhile, never charged a second estimate — and
+// settles it in the end. A failed call's estimate is refunded now rather than held while the
+// run waits to be tried again. Without an id (nothing to keep open) it settles.
+func (t *Ticket) Hold(ctx context.Context, actual Actual) error {
+	if t.id == "" {
+		return t.Settle(ctx, actual)
+	}
+	t.mu.Lock()
+	if t.settled || t.dayKey == "" {
+		t.settled = true
+		t.mu.Unlock()
+		return nil
+	}
+	t.settled = true
+	t.mu.Unlock()
+	usedTokens, usedNano := int64(0), int64(0)
+	if t.rule.InputTokensPerDay > 0 {
+		usedTokens = min(max(actual.InputTokens, 0), maxCount)
+	}
+	if t.rule.USDPerDay > 0 && actual.USD != nil {
+		usedNano = nano(*actual.USD)
+	}
+	key := t.dayKey
+	err := t.b.update(ctx, key, mustLand*t.b.maxAttempts, func(cur []byte) ([]byte, error) {
+		if cur == nil {
+			return nil, nil
+		}
+		var c dayCounter
+		if err := json.Unmarshal(cur, &c); err != nil {
+			return nil, fmt.Errorf("budget: counter %s is unreadable: %w", key, err)
+		}
+		i := c.open(t.id)
+		if i < 0 {
+			return nil, nil // closed already: nothing open to correct
+		}
+		c.Tokens = satAdd(c.Tokens, usedTokens-c.Open[i].Tokens)
+		c.NanoUSD = satAdd(c.NanoUSD, usedNano-c.Open[i].NanoUSD)
+		c.Open[i].Tokens, c.Open[i].NanoUSD = usedTokens, usedNano
+		return json.Marshal(c)
+	})
+	if err != nil {
+		return fmt.Errorf("budget: hold %s: %w", t.caller, err)
+	}
+	return nil
+}
+
 // settleTries bounds how often a settlement whose write failed is tried (over about 10 s).
 const settleTries = 8
 

@@ -730,3 +730,51 @@ func TestOpenAdmissionsAreBounded(t *testing.T) {
 		t.Fatalf("%d open (first %q), %d tokens", len(c.Open), c.Open[0].ID, c.Tokens)
 	}
 }
+
+// TestAHeldAdmissionCarriesTheRunToItsNextDelivery (found by the soak): a delivery handed back
+// for another (its answer lost, or its call failed) holds its admission open, corrected to
+// what it used, so the run's next delivery is admitted on it even once the budget is spent —
+// never refused for a run already paid for, never charged a second estimate — and settles it.
+func TestAHeldAdmissionCarriesTheRunToItsNextDelivery(t *testing.T) {
+	clk := newClock(noon)
+	_, reps := fleet(t, 2, func(_ int, c *Config) { c.Now = clk.Now })
+	ctx := context.Background()
+	rule := limits.Rule{Name: "day", Caller: "billing", USDPerDay: 0.02}
+	cent := 0.01
+	d, err := reps[0].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: "r-1"})
+	if err != nil || d.Outcome != Admitted {
+		t.Fatalf("first delivery: %+v %v", d, err)
+	}
+	// The call failed: the estimate is refunded now, the admission stays open.
+	if err := d.Ticket.Hold(ctx, Actual{}); err != nil {
+		t.Fatal(err)
+	}
+	if c := counter(t, reps[0].kv, "billing", "day", clk.Now()); c.NanoUSD != 0 || len(c.Open) != 1 || c.Admitted != 1 {
+		t.Fatalf("after the hold: %+v; want nothing charged, one open, one admitted", c)
+	}
+	// Meanwhile other runs spend the whole budget.
+	for _, id := range []string{"r-2", "r-3"} {
+		d, err := reps[1].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: id})
+		if err != nil || d.Outcome != Admitted {
+			t.Fatalf("%s: %+v %v", id, d, err)
+		}
+		if err := d.Ticket.Settle(ctx, Actual{USD: &cent}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The run comes back: admitted on its open charge, though the budget is spent.
+	d, err = reps[1].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: "r-1"})
+	if err != nil || d.Outcome != Admitted {
+		t.Fatalf("the run's next delivery: %+v %v; want admitted on its open charge", d, err)
+	}
+	if err := d.Ticket.Settle(ctx, Actual{USD: &cent}); err != nil {
+		t.Fatal(err)
+	}
+	c := counter(t, reps[0].kv, "billing", "day", clk.Now())
+	if c.NanoUSD != nano(0.03) || c.Admitted != 3 || len(c.Open) != 0 {
+		t.Fatalf("after three runs: %+v; want 0.03 USD (the admitted run finished), 3 admitted, nothing open", c)
+	}
+	if d, _ := reps[0].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: "r-4"}); d.Outcome != Exceeded {
+		t.Fatalf("a new run after the budget is spent: %+v; want exceeded", d)
+	}
+}
