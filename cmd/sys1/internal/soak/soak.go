@@ -217,13 +217,6 @@ func (s *soak) setUp(ctx context.Context) error {
 		s.say("  %s", f)
 	}
 
-	ports, err := freePorts(3*nodes + o.Workers + 2)
-	if err != nil {
-		return err
-	}
-	s.ports.workers = ports[3*nodes : 3*nodes+o.Workers]
-	s.ports.sink, s.ports.review = ports[3*nodes+o.Workers], ports[3*nodes+o.Workers+1]
-
 	// ClickHouse: a fresh database, reached by the sink through a proxy the soak can cut.
 	s.db = fmt.Sprintf("sys1_soak_%d_%d", o.Seed, time.Now().Unix())
 	ch, err := sink.Open(ctx, sink.Config{DSN: o.ClickHouseDSN})
@@ -240,10 +233,22 @@ func (s *soak) setUp(ctx context.Context) error {
 	}
 	sinkDSN = strings.Replace(sinkDSN, "PROXY", s.proxy.addr(), 1)
 
+	s.model = newModel(o.Workers, o.ModelLatency)
+
+	// Ports for the child processes are chosen only after every listener of this process
+	// (the proxy, the fake models) is open: a port freePorts hands back is free again, and
+	// the kernel would give it to the next listener here (a CI run's w2 found a fake model
+	// on its port, and exited "address already in use" until the soak gave up).
+	ports, err := freePorts(3*nodes + o.Workers + 2)
+	if err != nil {
+		return err
+	}
+	s.ports.workers = ports[3*nodes : 3*nodes+o.Workers]
+	s.ports.sink, s.ports.review = ports[3*nodes+o.Workers], ports[3*nodes+o.Workers+1]
+
 	if err := s.writeFiles(); err != nil {
 		return err
 	}
-	s.model = newModel(o.Workers, o.ModelLatency)
 
 	// The timeline starts now: everything before was preparation.
 	s.start = time.Now()
