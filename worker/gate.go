@@ -47,9 +47,23 @@ const (
 // leader of its stream (get): a follower catching up after a restart would say a run does not
 // exist, or is still running when it has finished (topology.LeaderGet says why).
 type gate struct {
-	kv     jetstream.KeyValue
-	js     jetstream.JetStream
-	bucket string
+	kv gateBucket
+	// read reads a key from the bucket's stream leader (topology.LeaderGet): value, revision,
+	// and whether it exists.
+	read func(ctx context.Context, key string) ([]byte, uint64, bool, error)
+}
+
+// gateBucket is the compare-and-set writes of the gate's bucket (jetstream.KeyValue).
+type gateBucket interface {
+	Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error)
+	Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error)
+}
+
+// newGate is the gate over the KV bucket kv of the run-id gate, read from its leader.
+func newGate(js jetstream.JetStream, kv jetstream.KeyValue, bucket string) gate {
+	return gate{kv: kv, read: func(ctx context.Context, key string) ([]byte, uint64, bool, error) {
+		return topology.LeaderGet(ctx, js, bucket, key)
+	}}
 }
 
 // gateEntry is an entry read from the gate's leader.
@@ -60,7 +74,7 @@ type gateEntry struct {
 
 // get reads key from the leader; jetstream.ErrKeyNotFound when it does not exist.
 func (g gate) get(ctx context.Context, key string) (gateEntry, error) {
-	value, rev, found, err := topology.LeaderGet(ctx, g.js, g.bucket, key)
+	value, rev, found, err := g.read(ctx, key)
 	if err != nil {
 		return gateEntry{}, err
 	}
@@ -164,18 +178,4 @@ func (g gate) save(ctx context.Context, runID string, st *runState, rev uint64) 
 		return 0, fmt.Errorf("run-id gate: update: %w", err)
 	}
 	return newRev, nil
-}
-
-// messageGone reports whether the request message at seq has left the request stream (acked,
-// terminated, or aged out), which a gate entry still marked running can outlive.
-func (w *Worker) messageGone(ctx context.Context, seq uint64) (bool, error) {
-	_, err := w.requests.GetMsg(ctx, seq)
-	switch {
-	case err == nil:
-		return false, nil
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return true, nil
-	default:
-		return false, fmt.Errorf("look up request %d: %w", seq, err)
-	}
 }

@@ -62,8 +62,7 @@ func (w *Worker) releaseHold(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	log := w.log.With().Str("run_id", l.RunID).Str("question", l.Question).Uint64("labels_seq", meta.Sequence.Stream).Uint64("delivery", meta.NumDelivered).Logger()
-	r := &run{w: w, msg: msg, log: log, start: meta.Timestamp}
-	if err := r.applyReview(ctx, l); err != nil {
+	if err := w.pipe.applyReview(ctx, w.pipe.outbox(msg, log), l); err != nil {
 		delay := w.cfg.retry().Delay(int(meta.NumDelivered), 0)
 		ev := log.Warn()
 		if errors.Is(err, errRunFinishing) {
@@ -77,13 +76,12 @@ func (w *Worker) releaseHold(ctx context.Context, msg jetstream.Msg) {
 }
 
 // applyReview applies a reviewer's label to the run it labels, if that run holds its reply for
-// the question. r carries the label's delivery (kept alive while storing) and log.
-func (r *run) applyReview(ctx context.Context, l *contract.Label) error {
-	w := r.w
+// the question. o writes for the label's delivery (kept alive while storing), and logs.
+func (p *pipeline) applyReview(ctx context.Context, o outbox, l *contract.Label) error {
 	for range 8 {
-		st, rev, err := w.gate.lookup(ctx, l.RunID)
+		st, rev, err := p.gate.lookup(ctx, l.RunID)
 		if errors.Is(err, errUnreadableEntry) {
-			r.log.Error().Err(err).Msg("a review label names a run whose gate entry cannot be read; nothing released")
+			o.log.Error().Err(err).Msg("a review label names a run whose gate entry cannot be read; nothing released")
 			return nil
 		}
 		if err != nil {
@@ -99,12 +97,12 @@ func (r *run) applyReview(ctx context.Context, l *contract.Label) error {
 		case !slices.Contains(st.Held, l.Question):
 			return nil // not held (any more): an audit label, a relabel, a redelivery
 		case l.Caller != "" && l.Caller != st.Caller:
-			r.log.Warn().Str("label_caller", l.Caller).Msg("a review label for another caller's run; its hold stays")
+			o.log.Warn().Str("label_caller", l.Caller).Msg("a review label for another caller's run; its hold stays")
 			return nil
 		}
 		var reply contract.Reply
 		if err := json.Unmarshal(st.Reply, &reply); err != nil {
-			r.log.Error().Err(err).Msg("the held reply does not decode; nothing released")
+			o.log.Error().Err(err).Msg("the held reply does not decode; nothing released")
 			return nil
 		}
 		for i := range reply.Verdicts {
@@ -123,24 +121,25 @@ func (r *run) applyReview(ctx context.Context, l *contract.Label) error {
 		}
 		body, _ := reply.MarshalJSON()
 		if len(held) == 0 {
-			r.runID, r.recordID, r.replyTo = reply.RunID, reply.RunID, st.ReplyTo
-			if err := r.sendReply(ctx, body, reply.Status); err != nil {
-				return err
+			if st.ReplyTo != "" {
+				if err := o.reply(ctx, runReply(st.ReplyTo, reply.RunID, body, reply.Status), "reply:"+reply.RunID); err != nil {
+					return err
+				}
 			}
 		}
 		st.Reply, st.Held = body, held
-		_, err = w.gate.save(ctx, l.RunID, st, rev)
+		_, err = p.gate.save(ctx, l.RunID, st, rev)
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
-			r.log.Debug().Msg("another label of this run changed its entry first; reading it again")
+			o.log.Debug().Msg("another label of this run changed its entry first; reading it again")
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("store the reviewed outcome: %w", err)
 		}
 		if len(held) == 0 {
-			r.log.Info().Str("reviewer", l.Reviewer).Bool("answered", st.ReplyTo != "").Msg("held reply released: every held question is labelled")
+			o.log.Info().Str("reviewer", l.Reviewer).Bool("answered", st.ReplyTo != "").Msg("held reply released: every held question is labelled")
 		} else {
-			r.log.Info().Str("reviewer", l.Reviewer).Strs("held", held).Msg("held question labelled; the reply waits for the rest")
+			o.log.Info().Str("reviewer", l.Reviewer).Strs("held", held).Msg("held question labelled; the reply waits for the rest")
 		}
 		return nil
 	}

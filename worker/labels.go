@@ -91,7 +91,7 @@ func (w *Worker) consumeLabelFlows(ctx, runCtx context.Context) {
 	lane := w.fair.labels
 	var fails int
 	for ctx.Err() == nil {
-		if w.isFull(w.opt.Topology.LabelsStream) {
+		if w.storage.isFull(w.opt.Topology.LabelsStream) {
 			// Back-pressure, as in consumeLabels: nothing is pulled while a checked label
 			// could not be stored.
 			select {
@@ -175,7 +175,7 @@ func (w *Worker) consumeLabels(ctx, runCtx context.Context, stream, name string,
 	var fails int
 	var goneSince time.Time
 	for ctx.Err() == nil {
-		if stream == w.opt.Topology.LabelSubmissionsStream && w.isFull(w.opt.Topology.LabelsStream) {
+		if stream == w.opt.Topology.LabelSubmissionsStream && w.storage.isFull(w.opt.Topology.LabelsStream) {
 			// Back-pressure: a checked label could not be stored now, and pulling would only
 			// spend the submissions' deliveries. They wait, unread, until there is room.
 			select {
@@ -452,22 +452,18 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 	// One id for either outcome: a submission is recorded once, whichever its redelivery
 	// would conclude.
 	id := "label:" + strconv.FormatUint(s.meta.Sequence.Stream, 10) + ":" + strconv.FormatInt(s.meta.Timestamp.UnixNano(), 36)
-	r := &run{w: w, msg: s.msg, log: s.log} // for store: retried in place, the delivery kept alive
-	err := r.store(ctx, "publish the checked label", w.opt.Topology.LabelsStream, func(ctx context.Context) error {
-		m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
-		if s.label != nil {
-			m.Header.Set(wire.HeaderRunID, s.label.RunID)
-		}
-		opts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}
-		if out == nil {
-			// Kept for the sink's dead-letter table as long as run records wait for the sink,
-			// not the labels' 30 days.
-			opts = append(opts, jetstream.WithMsgTTL(w.opt.Topology.RejectedLabelsMaxAge))
-		}
-		_, err := w.opt.JS.PublishMsg(ctx, m, opts...)
-		return err
-	})
-	if err != nil {
+	o := w.pipe.outbox(s.msg, s.log) // retried in place, the delivery kept alive
+	m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
+	if s.label != nil {
+		m.Header.Set(wire.HeaderRunID, s.label.RunID)
+	}
+	opts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}
+	if out == nil {
+		// Kept for the sink's dead-letter table as long as run records wait for the sink,
+		// not the labels' 30 days.
+		opts = append(opts, jetstream.WithMsgTTL(w.opt.Topology.RejectedLabelsMaxAge))
+	}
+	if err := o.publish(ctx, "publish the checked label", w.opt.Topology.LabelsStream, m, opts...); err != nil {
 		return fmt.Errorf("publish to %s: %w", subject, err)
 	}
 	ev := s.log.Info()
@@ -481,7 +477,7 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 		return nil
 	}
 	rb, _ := reply.MarshalJSON()
-	m := &nats.Msg{Subject: s.replyTo, Data: rb, Header: nats.Header{}}
+	m = &nats.Msg{Subject: s.replyTo, Data: rb, Header: nats.Header{}}
 	if reply.RunID != "" {
 		m.Header.Set(wire.HeaderRunID, reply.RunID)
 	}
@@ -489,18 +485,8 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 	if cerr != nil {
 		m.Header.Set(wire.HeaderErrorCode, string(cerr.Code))
 	}
-	if strings.HasPrefix(s.replyTo, wire.RepliesPrefix) {
-		err := r.store(ctx, "publish the durable label reply", w.opt.Topology.RepliesStream, func(ctx context.Context) error {
-			_, err := w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("reply:"+id))
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("publish durable label reply: %w", err)
-		}
-		return nil
-	}
-	if err := w.opt.NC.PublishMsg(m); err != nil {
-		return fmt.Errorf("publish label reply: %w", err)
+	if err := o.reply(ctx, m, "reply:"+id); err != nil {
+		return fmt.Errorf("label reply: %w", err)
 	}
 	return nil
 }

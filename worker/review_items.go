@@ -33,7 +33,7 @@ func (r *run) reviewRun(now time.Time) *contract.ReviewRun {
 	if rr.Model == "" {
 		rr.Model = r.resolved.Model
 	}
-	if r.w.cfg.ReviewState == ReviewStateFull {
+	if r.p.cfg.ReviewState == ReviewStateFull {
 		rr.State = r.resolved.State
 	}
 	for _, rv := range r.reviews {
@@ -96,15 +96,12 @@ func (r *run) queueReview(ctx context.Context, now time.Time) (bool, error) {
 		// Unreachable: admit refused every request without a caller token.
 		return false, fmt.Errorf("publish review items: %w", err)
 	}
-	stream := r.w.opt.Topology.ReviewStream
+	stream := r.p.topo.ReviewStream
 	for {
-		err := r.store(ctx, "publish the review item", stream, func(ctx context.Context) error {
-			body, _ := rr.MarshalJSON()
-			m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
-			m.Header.Set(wire.HeaderRunID, r.runID)
-			_, err := r.w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("review:"+rr.Items[0].ID))
-			return err
-		})
+		body, _ := rr.MarshalJSON()
+		m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
+		m.Header.Set(wire.HeaderRunID, r.runID)
+		err := r.out().publish(ctx, "publish the review item", stream, m, jetstream.WithMsgID("review:"+rr.Items[0].ID))
 		if isTooLarge(err) && len(rr.State) > 0 {
 			r.log.Warn().Str("item", rr.Items[0].ID).Msg("review item too large to store with the run's state; stored without it")
 			rr.State = nil
@@ -129,8 +126,8 @@ func (r *run) reviewNotQueued(refused *storeRefused, err error) {
 	switch {
 	case refused != nil && refused.refusal == topology.RefusedQuota:
 		reason = fmt.Sprintf("caller %q already has %d review items on %s (SYS1_REVIEW_MAX_PER_CALLER); this run's were not queued",
-			r.identity.Caller, r.w.opt.Topology.ReviewPerCaller, refused.stream)
-		r.w.metrics.QuotaRefused(metrics.QuotaReview)
+			r.identity.Caller, r.p.topo.ReviewPerCaller, refused.stream)
+		r.p.metrics.QuotaRefused(metrics.QuotaReview)
 	case refused != nil && refused.refusal == topology.RefusedStorage:
 		reason = "the NATS server has no storage left; this run's review items were not queued"
 	case refused != nil:

@@ -65,8 +65,8 @@ func (r *run) keepAnswer(ctx context.Context) error {
 	defer r.leaseMu.Unlock()
 	st := *r.state
 	st.Attempts, st.Answer = r.attempts, answer
-	err = r.store(ctx, "keep the answer before its review", topology.KVStream(r.w.opt.Topology.RunsBucket), func(ctx context.Context) error {
-		rev, err := r.w.gate.save(ctx, r.runID, &st, r.rev)
+	err = r.store(ctx, "keep the answer before its review", topology.KVStream(r.p.topo.RunsBucket), func(ctx context.Context) error {
+		rev, err := r.p.gate.save(ctx, r.runID, &st, r.rev)
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
 			return r.revisionMoved(ctx)
 		}
