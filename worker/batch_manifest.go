@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -53,7 +52,7 @@ func (w *Worker) storeBatchManifest(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
-	kept, err := w.keepBatchManifest(ctx, m)
+	kept, err := w.gate.KeepManifest(ctx, m)
 	switch {
 	case err != nil && int(meta.NumDelivered) < w.opt.Topology.ConsumerMaxDeliver:
 		delay := w.cfg.retry().Delay(int(meta.NumDelivered), 0)
@@ -96,34 +95,4 @@ func (w *Worker) checkBatchManifest(ctx context.Context, msg jetstream.Msg) (run
 	}
 	m.Caller, m.UpdatedAt = id.Caller, time.Now().UTC()
 	return m, ""
-}
-
-// keepBatchManifest stores m unless another caller owns the batch's manifest (kept false).
-func (w *Worker) keepBatchManifest(ctx context.Context, m rungate.Manifest) (kept bool, err error) {
-	key := rungate.ManifestKey(m.BatchID)
-	val, _ := json.Marshal(m)
-	for range 3 {
-		if _, err := w.gate.kv.Create(ctx, key, val); err == nil {
-			return true, nil
-		} else if !errors.Is(err, jetstream.ErrKeyExists) {
-			return false, fmt.Errorf("batch manifest: create: %w", err)
-		}
-		e, err := w.gate.get(ctx, key) // from the leader: a follower catching up may not have it
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue // expired or deleted between the two calls
-		}
-		if err != nil {
-			return false, fmt.Errorf("batch manifest: get: %w", err)
-		}
-		var old rungate.Manifest
-		if json.Unmarshal(e.value, &old) == nil && old.Caller != m.Caller {
-			return false, nil
-		}
-		if _, err := w.gate.kv.Update(ctx, key, val, e.revision); err == nil {
-			return true, nil
-		} else if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return false, fmt.Errorf("batch manifest: update: %w", err)
-		}
-	}
-	return false, errors.New("batch manifest: the entry keeps changing")
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -79,8 +80,8 @@ func (w *Worker) releaseHold(ctx context.Context, msg jetstream.Msg) {
 // the question. o writes for the label's delivery (kept alive while storing), and logs.
 func (p *pipeline) applyReview(ctx context.Context, o outbox, l *contract.Label) error {
 	for range 8 {
-		st, rev, err := p.gate.lookup(ctx, l.RunID)
-		if errors.Is(err, errUnreadableEntry) {
+		st, rev, err := p.gate.Lookup(ctx, l.RunID)
+		if errors.Is(err, rungate.ErrUnreadable) {
 			o.log.Error().Err(err).Msg("a review label names a run whose gate entry cannot be read; nothing released")
 			return nil
 		}
@@ -128,8 +129,8 @@ func (p *pipeline) applyReview(ctx context.Context, o outbox, l *contract.Label)
 			}
 		}
 		st.Reply, st.Held = body, held
-		_, err = p.gate.save(ctx, l.RunID, st, rev)
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		_, err = p.gate.Save(ctx, l.RunID, st, rev)
+		if rungate.IsConflict(err) {
 			o.log.Debug().Msg("another label of this run changed its entry first; reading it again")
 			continue
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -338,8 +339,8 @@ func (s *labelSubmission) check(ctx context.Context) (*contract.Label, *contract
 	if l.Source == contract.LabelSourceReview {
 		return nil, labelProblem("source", fmt.Sprintf("producers submit labels with source %q (or none); %q labels come from the review page only", contract.LabelSourceProducer, contract.LabelSourceReview)), nil
 	}
-	st, _, err := w.gate.lookup(ctx, l.RunID)
-	if errors.Is(err, errUnreadableEntry) {
+	st, _, err := w.gate.Lookup(ctx, l.RunID)
+	if errors.Is(err, rungate.ErrUnreadable) {
 		return nil, contract.Wrap(contract.CodeInternal, err, "the stored outcome of run %q cannot be read; the label was not stored", l.RunID), nil
 	}
 	if err != nil {
@@ -489,33 +490,4 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 		return fmt.Errorf("label reply: %w", err)
 	}
 	return nil
-}
-
-// errUnreadableEntry marks a gate entry that is not a run state: no retry can fix it.
-var errUnreadableEntry = errors.New("run-id gate entry does not decode")
-
-// lookup reads the gate entry of runID, and its revision; nil when the gate holds none (never
-// run, or forgotten after SYS1_RUN_ID_TTL). An id with a ':' may still live under its legacy
-// key (see claim), which then governs it.
-func (g gate) lookup(ctx context.Context, runID string) (*runState, uint64, error) {
-	keys := []string{GateKey(runID)}
-	if strings.Contains(runID, ":") {
-		keys = []string{legacyGateKey(runID), GateKey(runID)}
-	}
-	for _, key := range keys {
-		e, err := g.get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, 0, fmt.Errorf("run-id gate: get: %w", err)
-		}
-		var st runState
-		if err := json.Unmarshal(e.value, &st); err != nil {
-			return nil, 0, fmt.Errorf("%w: %w", errUnreadableEntry, err)
-		}
-		st.Key = key
-		return &st, e.revision, nil
-	}
-	return nil, 0, nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/sys1hq/sys1/worker/livefile"
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/policy"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -49,7 +50,7 @@ type pipeline struct {
 	fits       *atomic.Pointer[calibration.Store] // nil inside: runs are not calibrated
 
 	// The run-id gate, and the request stream it checks a run's owning message against.
-	gate     gate
+	gate     rungate.Gate
 	requests messageLookup
 	// epoch is the request stream's incarnation (derivedRunID).
 	epoch func() string

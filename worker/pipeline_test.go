@@ -24,6 +24,7 @@ import (
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/calibration"
 	"github.com/sys1hq/sys1/worker/metrics"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -255,7 +256,7 @@ func newTestPipeline(t *testing.T) *testPipeline {
 	tp.pipeline = &pipeline{
 		cfg: cfg, topo: topology.Default(), version: "test", log: zerolog.Nop(),
 		auth: authn, models: contract.Policy{DefaultModel: "nimble"}, fits: &fits,
-		gate: gate{kv: tp.bucket, read: tp.bucket.read}, requests: noMessages{}, epoch: func() string { return "e1" },
+		gate: rungate.New(tp.bucket, tp.bucket.read), requests: noMessages{}, epoch: func() string { return "e1" },
 		chain: ch, streams: tp.out, core: core{tp.out}, room: &storage{log: zerolog.Nop()},
 		stats: &stats{}, metrics: m, tracer: noop.NewTracerProvider().Tracer("test"),
 		background: &sync.WaitGroup{}, repair: func(error) {},

@@ -2,15 +2,15 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -26,27 +26,27 @@ func (r *run) gate(ctx context.Context) error {
 		return p.room.noteStore(topology.KVStream(p.topo.RunsBucket), err)
 	}
 	switch claim {
-	case claimBusy:
+	case rungate.ClaimBusy:
 		// Another delivery still held the run when this one gave up waiting: try again later.
 		return &waitError{ownerSeq: st.StreamSeq, until: st.LeaseUntil,
 			why: fmt.Sprintf("another delivery of this message is still running the run (%s, its lease until %s)", st.Owner, st.LeaseUntil.UTC().Format(time.RFC3339Nano))}
-	case claimRedelivery:
+	case rungate.ClaimRedelivery:
 		// The last delivery ended, or its replica died and its lease lapsed: this one takes the
 		// run over. Compare-and-set: of two deliveries doing so at once, one wins.
 		st.Owner, st.LeaseUntil = r.owner, time.Now().Add(p.lease())
-		if rev, err = p.gate.save(ctx, r.runID, st, rev); err != nil {
-			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		if rev, err = p.gate.Save(ctx, r.runID, st, rev); err != nil {
+			if rungate.IsConflict(err) {
 				return &waitError{ownerSeq: st.StreamSeq, why: "another delivery of this message took the run over first; answering once it finishes"}
 			}
 			return fmt.Errorf("take over the run: %w", err)
 		}
-	case claimConflict:
+	case rungate.ClaimConflict:
 		r.recordID = r.derived
 		return contract.Errorf(contract.CodeRunIDConflict, "run id %q belongs to another caller's run; that run is untouched; use a fresh run id", r.runID)
-	case claimFinished:
+	case rungate.ClaimFinished:
 		r.finished = st
 		return nil
-	case claimDuplicate:
+	case rungate.ClaimDuplicate:
 		// Another message with this id owns the run. While it is still queued or in flight,
 		// answer once it has finished; if it is gone (aged out of the stream unfinished), this
 		// message takes the run over, or it would wait for good.
@@ -66,7 +66,7 @@ func (r *run) gate(ctx context.Context) error {
 		}
 		st.StreamSeq = r.meta.Sequence.Stream
 		st.Owner, st.LeaseUntil = r.owner, time.Now().Add(p.lease())
-		if rev, err = p.gate.save(ctx, r.runID, st, rev); err != nil {
+		if rev, err = p.gate.Save(ctx, r.runID, st, rev); err != nil {
 			return fmt.Errorf("take over run from a vanished message: %w", err)
 		}
 		r.log.Warn().Msg("the message that owned this run id left the stream unfinished; this one takes the run over")
@@ -83,13 +83,15 @@ func (r *run) gate(ctx context.Context) error {
 // releases it, or its lease lapses (its replica died: this one takes the run over) — never
 // calling the model beside it. Waiting inside the delivery, rather than nak'ing, spends none
 // of the message's deliveries, which count the run's tries.
-func (r *run) claim(ctx context.Context) (claimResult, *runState, uint64, error) {
+func (r *run) claim(ctx context.Context) (rungate.Claim, *runState, uint64, error) {
 	p := r.p
 	var logged bool
 	lastBeat := time.Now()
 	for {
-		claim, st, rev, err := p.gate.claim(ctx, r.runID, r.identity, r.meta.Sequence.Stream, r.start, r.owner, p.lease())
-		if err != nil || claim != claimBusy {
+		claim, st, rev, err := p.gate.Claim(ctx, rungate.Claimant{RunID: r.runID, Caller: r.identity.Caller,
+			Owns:      func(owner string) bool { return auth.SameOwner(owner, r.identity) },
+			StreamSeq: r.meta.Sequence.Stream, Start: r.start, Lease: r.owner, LeaseFor: p.lease()})
+		if err != nil || claim != rungate.ClaimBusy {
 			return claim, st, rev, err
 		}
 		if !logged {
@@ -128,7 +130,7 @@ func (r *run) renewLease(ctx context.Context) {
 	st.LeaseUntil = time.Now().Add(r.p.lease())
 	sctx, cancel := context.WithTimeout(ctx, storeAttemptTimeout)
 	defer cancel()
-	rev, err := r.p.gate.save(sctx, r.runID, &st, r.rev)
+	rev, err := r.p.gate.Save(sctx, r.runID, &st, r.rev)
 	if err != nil {
 		r.log.Warn().Err(err).Msg("could not renew the run's lease in the gate")
 		return
@@ -147,7 +149,7 @@ func (r *run) releaseLease(ctx context.Context) error {
 	}
 	r.state.Attempts = r.attempts
 	r.state.Owner, r.state.LeaseUntil = "", time.Time{}
-	rev, err := r.p.gate.save(ctx, r.runID, r.state, r.rev)
+	rev, err := r.p.gate.Save(ctx, r.runID, r.state, r.rev)
 	if err != nil {
 		return err
 	}

@@ -8,10 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -127,8 +126,8 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 			CostUSD: p.costUSD, CacheHit: p.cacheHit,
 		}
 		err := r.store(ctx, "store the outcome", topology.KVStream(r.p.topo.RunsBucket), func(ctx context.Context) error {
-			rev, err := r.p.gate.save(ctx, r.runID, &st, r.rev)
-			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+			rev, err := r.p.gate.Save(ctx, r.runID, &st, r.rev)
+			if rungate.IsConflict(err) {
 				return r.revisionMoved(ctx)
 			}
 			if err != nil {
@@ -241,16 +240,16 @@ func (r *run) rebuildRecord(st *runState) ([]byte, error) {
 // still this delivery's (a renewal of its lease whose answer was lost), store again on the new
 // revision; if another delivery took the run over or finished it, errRunTaken.
 func (r *run) revisionMoved(ctx context.Context) error {
-	e, err := r.p.gate.get(ctx, r.state.Key)
+	e, err := r.p.gate.Get(ctx, r.state.Key)
 	if err != nil {
 		return fmt.Errorf("run-id gate: re-read after a revision mismatch: %w", err)
 	}
 	var st runState
-	if err := json.Unmarshal(e.value, &st); err != nil {
+	if err := json.Unmarshal(e.Value, &st); err != nil {
 		return fmt.Errorf("run-id gate: decode entry: %w", err)
 	}
 	if st.Status == runRunning && st.Owner == r.owner {
-		r.rev = e.revision
+		r.rev = e.Revision
 		return errors.New("run-id gate: the entry moved on (this delivery's own lease renewal); storing again")
 	}
 	r.log.Warn().Str("status", st.Status).Str("owner", st.Owner).Msg("another delivery took the run over, or finished it, while this one held an answer; its outcome stands")
@@ -264,7 +263,7 @@ func (r *run) saveAttempts(ctx context.Context) error {
 		return nil
 	}
 	r.state.Attempts = r.attempts
-	rev, err := r.p.gate.save(ctx, r.runID, r.state, r.rev)
+	rev, err := r.p.gate.Save(ctx, r.runID, r.state, r.rev)
 	if err != nil {
 		return err
 	}

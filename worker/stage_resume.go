@@ -2,11 +2,8 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/rungate"
@@ -66,8 +63,8 @@ func (r *run) keepAnswer(ctx context.Context) error {
 	st := *r.state
 	st.Attempts, st.Answer = r.attempts, answer
 	err = r.store(ctx, "keep the answer before its review", topology.KVStream(r.p.topo.RunsBucket), func(ctx context.Context) error {
-		rev, err := r.p.gate.save(ctx, r.runID, &st, r.rev)
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		rev, err := r.p.gate.Save(ctx, r.runID, &st, r.rev)
+		if rungate.IsConflict(err) {
 			return r.revisionMoved(ctx)
 		}
 		if err != nil {

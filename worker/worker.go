@@ -37,6 +37,7 @@ import (
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/pause"
 	"github.com/sys1hq/sys1/worker/policy"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/startup"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -123,7 +124,7 @@ type Worker struct {
 	// seen missing, and the last attempt to recreate it.
 	repairPending            bool
 	missingSince, lastRepair time.Time
-	gate                     gate
+	gate                     rungate.Gate
 	// pipe is what the runs' stages use (pipeline.go), built once the topology is in place.
 	pipe  *pipeline
 	log   zerolog.Logger
