@@ -464,7 +464,7 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 		// not the labels' 30 days.
 		opts = append(opts, jetstream.WithMsgTTL(w.opt.Topology.RejectedLabelsMaxAge))
 	}
-	if err := o.publish(ctx, "publish the checked label", w.opt.Topology.LabelsStream, m, opts...); err != nil {
+	if err := o.Publish(ctx, "publish the checked label", w.opt.Topology.LabelsStream, m, opts...); err != nil {
 		return fmt.Errorf("publish to %s: %w", subject, err)
 	}
 	ev := s.log.Info()
@@ -486,7 +486,7 @@ func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cer
 	if cerr != nil {
 		m.Header.Set(wire.HeaderErrorCode, string(cerr.Code))
 	}
-	if err := o.reply(ctx, m, "reply:"+id); err != nil {
+	if err := o.Reply(ctx, m, "reply:"+id); err != nil {
 		return fmt.Errorf("label reply: %w", err)
 	}
 	return nil

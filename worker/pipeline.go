@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
@@ -19,6 +18,7 @@ import (
 	"github.com/sys1hq/sys1/worker/budget"
 	"github.com/sys1hq/sys1/worker/cache"
 	"github.com/sys1hq/sys1/worker/calibration"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
 	"github.com/sys1hq/sys1/worker/limits"
 	"github.com/sys1hq/sys1/worker/livefile"
 	"github.com/sys1hq/sys1/worker/metrics"
@@ -60,10 +60,11 @@ type pipeline struct {
 	cache  *cache.Cache   // nil when the cache bucket is not usable
 
 	// Where records, replies and review items go (publish.go), and what is known of the
-	// streams' room (storage.go).
-	streams streamPublisher
-	core    corePublisher
-	room    *storage
+	// streams' room (storage.go); maxPayload is the server's max_payload (0 before the first
+	// connect).
+	out        *outbox.Config
+	room       *storage
+	maxPayload func() int64
 
 	stats   *stats
 	metrics *metrics.Worker
@@ -72,19 +73,6 @@ type pipeline struct {
 	background *sync.WaitGroup
 	// repair asks the pull loop to recreate the topology when a run finds part of it gone.
 	repair func(error)
-}
-
-// streamPublisher stores messages in streams, awaiting the stream's ack
-// (jetstream.JetStream).
-type streamPublisher interface {
-	PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
-}
-
-// corePublisher sends plain NATS messages (*nats.Conn): replies to inboxes.
-type corePublisher interface {
-	PublishMsg(m *nats.Msg) error
-	// MaxPayload is the server's max_payload (0 before the first connect).
-	MaxPayload() int64
 }
 
 // messageLookup reads a stream's message by sequence (jetstream.Stream).
@@ -101,7 +89,9 @@ func (w *Worker) newPipeline() *pipeline {
 		limits: w.opt.Limits, prices: w.opt.Prices, fits: &w.fits,
 		gate: w.gate, requests: w.requests, epoch: func() string { return *w.requestsEpoch.Load() },
 		chain: w.chain, budget: w.budget, cache: w.cache,
-		streams: w.opt.JS, core: w.opt.NC, room: &w.storage,
+		out: &outbox.Config{Streams: w.opt.JS, Core: w.opt.NC, Room: &w.storage, StoreRetry: w.cfg.StoreRetry,
+			AckWait: w.opt.Topology.AckWait, RunsStream: w.opt.Topology.RunsStream, RepliesStream: w.opt.Topology.RepliesStream},
+		room: &w.storage, maxPayload: w.opt.NC.MaxPayload,
 		stats: &w.stats, metrics: w.metrics, tracer: w.tracer,
 		background: &w.background, repair: w.requestRepair,
 	}
@@ -121,7 +111,7 @@ const storeHeadroom = 2 << 10
 // gate entry. The smaller of the server's max_payload and the streams' max message size.
 func (p *pipeline) storeLimit() int {
 	limit := int64(p.topo.MaxMsgSize)
-	if mp := p.core.MaxPayload(); mp > 0 && mp < limit {
+	if mp := p.maxPayload(); mp > 0 && mp < limit {
 		limit = mp
 	}
 	return int(max(limit-storeHeadroom, 1024))

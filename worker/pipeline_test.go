@@ -23,8 +23,9 @@ import (
 	"github.com/sys1hq/sys1/provider/simulator"
 	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/calibration"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
 	"github.com/sys1hq/sys1/worker/metrics"
-	"github.com/sys1hq/sys1/worker/rungate"
+	"github.com/sys1hq/sys1/worker/rungate/rungatetest"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -52,62 +53,12 @@ func (e *events) list() []string {
 	return append([]string(nil), e.log...)
 }
 
-// memBucket is the gate's bucket in memory: compare-and-set on a revision, like JetStream
-// KV's.
-type memBucket struct {
-	ev      *events
-	mu      sync.Mutex
-	rev     uint64
-	entries map[string]memEntry
-}
-
-type memEntry struct {
-	value []byte
-	rev   uint64
-}
-
-func (b *memBucket) Create(_ context.Context, key string, value []byte, _ ...jetstream.KVCreateOpt) (uint64, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, ok := b.entries[key]; ok {
-		return 0, jetstream.ErrKeyExists
-	}
-	b.rev++
-	b.entries[key] = memEntry{value: value, rev: b.rev}
-	b.ev.add("gate create %s", key)
-	return b.rev, nil
-}
-
-func (b *memBucket) Update(_ context.Context, key string, value []byte, last uint64) (uint64, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if e, ok := b.entries[key]; !ok || e.rev != last {
-		return 0, jetstream.ErrKeyRevisionMismatch
-	}
-	b.rev++
-	b.entries[key] = memEntry{value: value, rev: b.rev}
-	var st runState
-	_ = json.Unmarshal(value, &st)
-	b.ev.add("gate update %s %s", key, st.Status)
-	return b.rev, nil
-}
-
-func (b *memBucket) read(_ context.Context, key string) ([]byte, uint64, bool, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	e, ok := b.entries[key]
-	return e.value, e.rev, ok, nil
-}
-
-func (b *memBucket) state(t *testing.T, runID string) runState {
+// state is runID's stored gate entry.
+func (tp *testPipeline) state(t *testing.T, runID string) runState {
 	t.Helper()
-	value, _, ok, _ := b.read(context.Background(), GateKey(runID))
-	if !ok {
-		t.Fatalf("no gate entry for %s", runID)
-	}
-	var st runState
-	if err := json.Unmarshal(value, &st); err != nil {
-		t.Fatal(err)
+	st, ok, err := tp.bucket.State(runID)
+	if err != nil || !ok {
+		t.Fatalf("gate entry for %s: found %v, %v", runID, ok, err)
 	}
 	return st
 }
@@ -218,7 +169,7 @@ func (m *fakeMsg) TermWithReason(string) error               { m.ev.add("term");
 type testPipeline struct {
 	*pipeline
 	ev     *events
-	bucket *memBucket
+	bucket *rungatetest.Bucket
 	out    *recorder
 	model  *scripted
 }
@@ -226,8 +177,15 @@ type testPipeline struct {
 func newTestPipeline(t *testing.T) *testPipeline {
 	t.Helper()
 	ev := &events{}
-	tp := &testPipeline{ev: ev, bucket: &memBucket{ev: ev, entries: map[string]memEntry{}},
+	tp := &testPipeline{ev: ev, bucket: rungatetest.New(),
 		out: &recorder{ev: ev}, model: &scripted{Simulator: simulator.New(0)}}
+	tp.bucket.OnWrite = func(op, key, status string) {
+		if op == "update" {
+			ev.add("gate update %s %s", key, status)
+		} else {
+			ev.add("gate create %s", key)
+		}
+	}
 	cfg := DefaultConfig()
 	cfg.ID = "w1"
 	cfg = cfg.withDefaults()
@@ -253,11 +211,14 @@ func newTestPipeline(t *testing.T) *testPipeline {
 		t.Fatal(err)
 	}
 	var fits atomic.Pointer[calibration.Store]
+	room, topo := &storage{log: zerolog.Nop()}, topology.Default()
 	tp.pipeline = &pipeline{
-		cfg: cfg, topo: topology.Default(), version: "test", log: zerolog.Nop(),
+		cfg: cfg, topo: topo, version: "test", log: zerolog.Nop(),
 		auth: authn, models: contract.Policy{DefaultModel: "nimble"}, fits: &fits,
-		gate: rungate.New(tp.bucket, tp.bucket.read), requests: noMessages{}, epoch: func() string { return "e1" },
-		chain: ch, streams: tp.out, core: core{tp.out}, room: &storage{log: zerolog.Nop()},
+		gate: tp.bucket.Gate(), requests: noMessages{}, epoch: func() string { return "e1" },
+		chain: ch, room: room, maxPayload: core{tp.out}.MaxPayload,
+		out: &outbox.Config{Streams: tp.out, Core: core{tp.out}, Room: room, StoreRetry: cfg.StoreRetry,
+			AckWait: topo.AckWait, RunsStream: topo.RunsStream, RepliesStream: topo.RepliesStream},
 		stats: &stats{}, metrics: m, tracer: noop.NewTracerProvider().Tracer("test"),
 		background: &sync.WaitGroup{}, repair: func(error) {},
 	}
@@ -350,7 +311,7 @@ func TestPipelineNaksATransientFailureAndKeepsItsAttempts(t *testing.T) {
 	got := tp.deliver(t, "acme", 3, 1, wire.HeaderRunID, "r-3", wire.HeaderReplyTo, "sys1.replies.acme")
 	key := GateKey("r-3")
 	equalEvents(t, "failed delivery", got, []string{"gate create " + key, "gate update " + key + " running", "nak"})
-	st := tp.bucket.state(t, "r-3")
+	st := tp.state(t, "r-3")
 	if st.Owner != "" || len(st.Attempts) != 1 || st.Attempts[0].ErrorCode != contract.CodeProviderUnavailable {
 		t.Fatalf("gate after the failed delivery: owner %q, attempts %+v", st.Owner, st.Attempts)
 	}
@@ -371,7 +332,7 @@ func TestPipelineNaksATransientFailureAndKeepsItsAttempts(t *testing.T) {
 func TestPipelineRefusesAnotherCallersRunID(t *testing.T) {
 	tp := newTestPipeline(t)
 	tp.deliver(t, "acme", 1, 1, wire.HeaderRunID, "shared-id", wire.HeaderReplyTo, "sys1.replies.acme")
-	owner := tp.bucket.state(t, "shared-id")
+	owner := tp.state(t, "shared-id")
 
 	got := tp.deliver(t, "mallory", 2, 1, wire.HeaderRunID, "shared-id", wire.HeaderReplyTo, "sys1.replies.mallory")
 	equalEvents(t, "conflicting delivery", got, []string{"store sys1.runs.failed", "store sys1.replies.mallory", "term"})
@@ -386,7 +347,7 @@ func TestPipelineRefusesAnotherCallersRunID(t *testing.T) {
 	if id := rec.header.Get(wire.HeaderRunID); id == "shared-id" || id != derivedRunID("SYS1_REQUESTS", 2, "e1") {
 		t.Fatalf("the refusal was recorded under %q, want the derived id", id)
 	}
-	if after := tp.bucket.state(t, "shared-id"); after.Caller != owner.Caller || after.StreamSeq != owner.StreamSeq || after.Status != runDone {
+	if after := tp.state(t, "shared-id"); after.Caller != owner.Caller || after.StreamSeq != owner.StreamSeq || after.Status != runDone {
 		t.Fatalf("the owner's gate entry changed: %+v", after)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -101,13 +102,13 @@ func (r *run) queueReview(ctx context.Context, now time.Time) (bool, error) {
 		body, _ := rr.MarshalJSON()
 		m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
 		m.Header.Set(wire.HeaderRunID, r.runID)
-		err := r.out().publish(ctx, "publish the review item", stream, m, jetstream.WithMsgID("review:"+rr.Items[0].ID))
-		if isTooLarge(err) && len(rr.State) > 0 {
+		err := r.out().Publish(ctx, "publish the review item", stream, m, jetstream.WithMsgID("review:"+rr.Items[0].ID))
+		if outbox.IsTooLarge(err) && len(rr.State) > 0 {
 			r.log.Warn().Str("item", rr.Items[0].ID).Msg("review item too large to store with the run's state; stored without it")
 			rr.State = nil
 			continue // again, without the state
 		}
-		if refused, ok := refusedBy(err); ok || isTooLarge(err) {
+		if refused, ok := outbox.RefusedBy(err); ok || outbox.IsTooLarge(err) {
 			r.reviewNotQueued(refused, err)
 			return true, nil
 		}
@@ -121,17 +122,17 @@ func (r *run) queueReview(ctx context.Context, now time.Time) (bool, error) {
 
 // reviewNotQueued answers a run whose review item could not be stored: the reply says so and
 // why, and the run is not held.
-func (r *run) reviewNotQueued(refused *storeRefused, err error) {
+func (r *run) reviewNotQueued(refused *outbox.Refused, err error) {
 	var reason string
 	switch {
-	case refused != nil && refused.refusal == topology.RefusedQuota:
+	case refused != nil && refused.Refusal == topology.RefusedQuota:
 		reason = fmt.Sprintf("caller %q already has %d review items on %s (SYS1_REVIEW_MAX_PER_CALLER); this run's were not queued",
-			r.identity.Caller, r.p.topo.ReviewPerCaller, refused.stream)
+			r.identity.Caller, r.p.topo.ReviewPerCaller, refused.Stream)
 		r.p.metrics.QuotaRefused(metrics.QuotaReview)
-	case refused != nil && refused.refusal == topology.RefusedStorage:
+	case refused != nil && refused.Refusal == topology.RefusedStorage:
 		reason = "the NATS server has no storage left; this run's review items were not queued"
 	case refused != nil:
-		reason = fmt.Sprintf("%s is full (SYS1_REVIEW_MAX_BYTES); this run's review items were not queued", refused.stream)
+		reason = fmt.Sprintf("%s is full (SYS1_REVIEW_MAX_BYTES); this run's review items were not queued", refused.Stream)
 	default:
 		reason = "the review item is too large to store; it was not queued"
 	}

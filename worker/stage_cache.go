@@ -8,6 +8,7 @@ import (
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/cache"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -89,7 +90,7 @@ func (r *run) cacheStore(ctx context.Context) error {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		err := r.p.cache.Put(pctx, key, res, age)
-		if _, full := refusedBy(r.p.room.noteStore(topology.KVStream(r.p.topo.CacheBucket), err)); full {
+		if _, full := outbox.RefusedBy(r.p.room.Note(topology.KVStream(r.p.topo.CacheBucket), err)); full {
 			return // a full cache is said once (storage.go); entries expire and make room
 		}
 		if err != nil {

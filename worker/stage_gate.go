@@ -10,6 +10,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
 	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -23,7 +24,7 @@ func (r *run) gate(ctx context.Context) error {
 	claim, st, rev, err := r.claim(ctx)
 	if err != nil {
 		// A full bucket is said once in the log and in health; the delivery comes back later.
-		return p.room.noteStore(topology.KVStream(p.topo.RunsBucket), err)
+		return p.room.Note(topology.KVStream(p.topo.RunsBucket), err)
 	}
 	switch claim {
 	case rungate.ClaimBusy:
@@ -128,7 +129,7 @@ func (r *run) renewLease(ctx context.Context) {
 	}
 	st := *r.state
 	st.LeaseUntil = time.Now().Add(r.p.lease())
-	sctx, cancel := context.WithTimeout(ctx, storeAttemptTimeout)
+	sctx, cancel := context.WithTimeout(ctx, outbox.AttemptTimeout)
 	defer cancel()
 	rev, err := r.p.gate.Save(sctx, r.runID, &st, r.rev)
 	if err != nil {

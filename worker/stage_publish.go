@@ -10,6 +10,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
 	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -67,7 +68,7 @@ func (r *run) publish(ctx context.Context, runErr error) error {
 		}
 	}
 	err := r.conclude(ctx, reply.Status, replyBytes, recordBytes, finished, prov)
-	if isTooLarge(err) {
+	if outbox.IsTooLarge(err) {
 		// The outcome cannot be stored as it is: answer that, in a form that can.
 		r.log.Warn().Err(err).Int("record_bytes", len(recordBytes)).Int("reply_bytes", len(replyBytes)).
 			Msg("the run's outcome is too large to store; answering SYS1_REQUEST_TOO_LARGE")
@@ -109,7 +110,7 @@ func (r *run) logFinished(reply *contract.Reply) {
 // conclude stores the outcome, then publishes record and reply.
 func (r *run) conclude(ctx context.Context, status contract.Status, reply, record []byte, finished time.Time, p provenance) error {
 	if limit := r.p.storeLimit(); len(record) > limit || len(reply) > limit {
-		return fmt.Errorf("outcome of %d + %d bytes: %w", len(record), len(reply), errTooLarge)
+		return fmt.Errorf("outcome of %d + %d bytes: %w", len(record), len(reply), outbox.ErrTooLarge)
 	}
 	subject := wire.Runs(string(status))
 	if r.state != nil {
@@ -142,7 +143,7 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 		*r.state = st
 	}
 	if err := r.sendRecord(ctx, subject, record, status); err != nil {
-		if _, full := refusedBy(err); full && !r.hold && r.state != nil {
+		if _, full := outbox.RefusedBy(err); full && !r.hold && r.state != nil {
 			// SYS1_RUNS is full: the outcome is stored, so answer now; the delivery is not
 			// acknowledged, and its redelivery writes the record (and, replies being at least
 			// once, sends the same reply again) once there is room.
@@ -253,7 +254,7 @@ func (r *run) revisionMoved(ctx context.Context) error {
 		return errors.New("run-id gate: the entry moved on (this delivery's own lease renewal); storing again")
 	}
 	r.log.Warn().Str("status", st.Status).Str("owner", st.Owner).Msg("another delivery took the run over, or finished it, while this one held an answer; its outcome stands")
-	return errRunTaken
+	return outbox.Final(errRunTaken)
 }
 
 // saveAttempts persists the attempts so far in the gate, so the next delivery (on any
@@ -272,16 +273,16 @@ func (r *run) saveAttempts(ctx context.Context) error {
 }
 
 // out is the run's writer (publish.go).
-func (r *run) out() outbox { return r.p.outbox(r.msg, r.log) }
+func (r *run) out() outbox.Writer { return r.p.outbox(r.msg, r.log) }
 
-// store retries op in place (outbox.store).
+// store retries op in place (outbox.Writer.Store).
 func (r *run) store(ctx context.Context, what, stream string, op func(context.Context) error) error {
-	return r.out().store(ctx, what, stream, op)
+	return r.out().Store(ctx, what, stream, op)
 }
 
 // sendRecord writes the run's record under its record id.
 func (r *run) sendRecord(ctx context.Context, subject string, record []byte, status contract.Status) error {
-	return r.out().record(ctx, subject, r.recordID, record, status)
+	return r.out().Record(ctx, subject, r.recordID, record, status)
 }
 
 // sendReply answers the caller's subject, if it named one.
@@ -289,5 +290,10 @@ func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Statu
 	if r.replyTo == "" {
 		return nil
 	}
-	return r.out().reply(ctx, runReply(r.replyTo, r.runID, reply, status), "reply:"+r.recordID)
+	return r.out().Reply(ctx, outbox.RunReply(r.replyTo, r.runID, reply, status), "reply:"+r.recordID)
 }
+
+// errRunTaken: another delivery took the run over (this one's lease lapsed while the gate
+// could not be reached) or finished it; this delivery's outcome is not stored, and the next
+// delivery answers from the gate.
+var errRunTaken = errors.New("another delivery took the run over; this one's outcome is not stored")

@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -83,30 +83,10 @@ type storage struct {
 	atLimit map[string]int
 }
 
-// storeRefused is a store JetStream refused for want of room (or the caller's quota): retrying
-// in place cannot help.
-type storeRefused struct {
-	stream  string
-	refusal topology.Refusal
-	err     error
-}
-
-func (e *storeRefused) Error() string {
-	return fmt.Sprintf("%s refused the message (%s): %v", e.stream, e.refusal, e.err)
-}
-
-func (e *storeRefused) Unwrap() error { return e.err }
-
-// refusedBy reports the refusal behind err, if any.
-func refusedBy(err error) (*storeRefused, bool) {
-	var r *storeRefused
-	return r, errors.As(err, &r)
-}
-
-// noteStore classifies the outcome of a store into stream: a refusal for room marks the stream
+// Note classifies the outcome of a store into stream (outbox.Room): a refusal for room marks the stream
 // full (and is logged when it starts), a success clears the mark. It returns err, wrapped in a
-// *storeRefused when JetStream refused for room or quota.
-func (s *storage) noteStore(stream string, err error) error {
+// *outbox.Refused when JetStream refused for room or quota.
+func (s *storage) Note(stream string, err error) error {
 	if err == nil {
 		s.storeOK(stream)
 		return nil
@@ -118,7 +98,7 @@ func (s *storage) noteStore(stream string, err error) error {
 	if refusal != topology.RefusedQuota {
 		s.markFull(stream, refusal, err)
 	}
-	return &storeRefused{stream: stream, refusal: refusal, err: err}
+	return &outbox.Refused{Stream: stream, Refusal: refusal, Err: err}
 }
 
 func (s *storage) markFull(stream string, refusal topology.Refusal, err error) {

@@ -32,6 +32,7 @@ import (
 	"github.com/sys1hq/sys1/worker/budget"
 	"github.com/sys1hq/sys1/worker/cache"
 	"github.com/sys1hq/sys1/worker/calibration"
+	"github.com/sys1hq/sys1/worker/internal/holds"
 	"github.com/sys1hq/sys1/worker/limits"
 	"github.com/sys1hq/sys1/worker/livefile"
 	"github.com/sys1hq/sys1/worker/metrics"
@@ -125,8 +126,10 @@ type Worker struct {
 	repairPending            bool
 	missingSince, lastRepair time.Time
 	gate                     rungate.Gate
-	// pipe is what the runs' stages use (pipeline.go), built once the topology is in place.
+	// pipe is what the runs' stages use (pipeline.go), built once the topology is in place;
+	// holds releases held replies as reviewers' labels arrive (holds.go).
 	pipe  *pipeline
+	holds *holds.Releaser
 	log   zerolog.Logger
 	stats stats
 	// chain is the providers. Each link's limiter bounds its calls in flight to Concurrency.
@@ -207,6 +210,8 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 			Msg("SYS1_MAX_ACK_PENDING is below twice this replica's concurrency (a replica holds up to 2 × SYS1_CONCURRENCY messages); it caps each request consumer across replicas, so raise it to at least 2 × replicas × SYS1_CONCURRENCY")
 	}
 	w.pipe = w.newPipeline()
+	w.holds = &holds.Releaser{Gate: w.gate, Out: w.pipe.out, Log: w.log,
+		Retry: func(n int) time.Duration { return w.cfg.retry().Delay(n, 0) }}
 	ok = true
 	return w, nil
 }

@@ -3,64 +3,12 @@ package rungate_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sys1hq/sys1/worker/rungate"
+	"github.com/sys1hq/sys1/worker/rungate/rungatetest"
 )
-
-// bucket is a KV bucket in memory, compare-and-set on revisions like JetStream's.
-type bucket struct {
-	mu      sync.Mutex
-	rev     uint64
-	entries map[string]entry
-	// lostCreate, when set, makes the next Create land but report a timeout (an answer lost
-	// in a leader election).
-	lostCreate bool
-}
-
-type entry struct {
-	value []byte
-	rev   uint64
-}
-
-func newBucket() *bucket { return &bucket{entries: map[string]entry{}} }
-
-func (b *bucket) Create(_ context.Context, key string, value []byte, _ ...jetstream.KVCreateOpt) (uint64, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, ok := b.entries[key]; ok {
-		return 0, jetstream.ErrKeyExists
-	}
-	b.rev++
-	b.entries[key] = entry{value, b.rev}
-	if b.lostCreate {
-		b.lostCreate = false
-		return 0, context.DeadlineExceeded
-	}
-	return b.rev, nil
-}
-
-func (b *bucket) Update(_ context.Context, key string, value []byte, last uint64) (uint64, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if e, ok := b.entries[key]; !ok || e.rev != last {
-		return 0, jetstream.ErrKeyRevisionMismatch
-	}
-	b.rev++
-	b.entries[key] = entry{value, b.rev}
-	return b.rev, nil
-}
-
-func (b *bucket) read(_ context.Context, key string) ([]byte, uint64, bool, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	e, ok := b.entries[key]
-	return e.value, e.rev, ok, nil
-}
 
 func claimant(runID, caller string, seq uint64, lease string) rungate.Claimant {
 	return rungate.Claimant{RunID: runID, Caller: caller, Owns: func(owner string) bool { return owner == caller },
@@ -73,8 +21,8 @@ func claimant(runID, caller string, seq uint64, lease string) rungate.Claimant {
 // once finished, every claim finds the stored outcome.
 func TestClaimTellsEveryCaseApart(t *testing.T) {
 	ctx := context.Background()
-	b := newBucket()
-	g := rungate.New(b, b.read)
+	b := rungatetest.New()
+	g := b.Gate()
 	step := func(c rungate.Claimant, want rungate.Claim) (*rungate.State, uint64) {
 		t.Helper()
 		got, st, rev, err := g.Claim(ctx, c)
@@ -108,8 +56,8 @@ func TestClaimTellsEveryCaseApart(t *testing.T) {
 // already holds exactly what it meant to write (an earlier try landed, its answer lost).
 func TestSaveIsCompareAndSet(t *testing.T) {
 	ctx := context.Background()
-	b := newBucket()
-	g := rungate.New(b, b.read)
+	b := rungatetest.New()
+	g := b.Gate()
 	_, st, rev, err := g.Claim(ctx, claimant("r2", "acme", 1, "d1"))
 	if err != nil {
 		t.Fatal(err)
@@ -132,9 +80,9 @@ func TestSaveIsCompareAndSet(t *testing.T) {
 // TestClaimWhoseAnswerWasLost: a create that landed but reported a timeout is this
 // delivery's claim, not an error nor somebody else's run.
 func TestClaimWhoseAnswerWasLost(t *testing.T) {
-	b := newBucket()
-	b.lostCreate = true
-	g := rungate.New(b, b.read)
+	b := rungatetest.New()
+	b.LoseNextCreate()
+	g := b.Gate()
 	got, _, _, err := g.Claim(context.Background(), claimant("r3", "acme", 1, "d1"))
 	if err != nil || got != rungate.ClaimNew {
 		t.Fatalf("claim = %v, %v; want new", got, err)
@@ -145,8 +93,8 @@ func TestClaimWhoseAnswerWasLost(t *testing.T) {
 // is ErrUnreadable; a batch's manifest is kept for its caller and refused for another.
 func TestLookupAndManifests(t *testing.T) {
 	ctx := context.Background()
-	b := newBucket()
-	g := rungate.New(b, b.read)
+	b := rungatetest.New()
+	g := b.Gate()
 	if st, _, err := g.Lookup(ctx, "nobody"); st != nil || err != nil {
 		t.Fatalf("lookup of an unknown run = %v, %v", st, err)
 	}
