@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/rungate"
 )
@@ -88,7 +89,7 @@ func (w *Worker) checkBatchManifest(ctx context.Context, msg jetstream.Msg) (run
 		return m, "not a manifest: " + err.Error()
 	}
 	if !wire.ValidBatchID(m.BatchID) {
-		return m, fmt.Sprintf("batch_id %q is not a batch id (1–64 of A-Za-z0-9_-)", echo(m.BatchID))
+		return m, fmt.Sprintf("batch_id %q is not a batch id (1–64 of A-Za-z0-9_-)", contract.Echo(m.BatchID))
 	}
 	if m.Items < 0 || m.Invalid < 0 || m.Invalid > m.Items {
 		return m, fmt.Sprintf("inconsistent: %d invalid of %d items", m.Invalid, m.Items)

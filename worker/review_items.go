@@ -47,7 +47,7 @@ func (r *run) reviewRun(now time.Time) *contract.ReviewRun {
 		if rv.Index < len(r.verdicts) {
 			it.Verdict = r.verdicts[rv.Index]
 		}
-		if a := answerNamed(r.resp.Answers, q.Name); a != nil {
+		if a := contract.AnswerNamed(r.resp.Answers, q.Name); a != nil {
 			it.Probabilities, it.Confidence = a.Probabilities, a.Confidence
 			switch q.Type {
 			case contract.TypeChoice:
@@ -61,15 +61,6 @@ func (r *run) reviewRun(now time.Time) *contract.ReviewRun {
 		rr.Items = append(rr.Items, it)
 	}
 	return rr
-}
-
-func answerNamed(answers []contract.Answer, name string) *contract.Answer {
-	for i := range answers {
-		if answers[i].Name == name {
-			return &answers[i]
-		}
-	}
-	return nil
 }
 
 // reviewSubject is where the run's review items go: topology.ReviewSubject, the one rule the

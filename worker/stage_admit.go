@@ -83,12 +83,12 @@ func (r *run) admitBatch() error {
 	_, batchID, _ := strings.Cut(rest, ".")
 	if batchID == "" || strings.Contains(batchID, ".") {
 		r.recordID = r.derived
-		return contract.Errorf(contract.CodeInvalidInput, "batch requests go to %s<caller>.<batch id>, not %q", wire.BatchPrefix, echo(r.msg.Subject()))
+		return contract.Errorf(contract.CodeInvalidInput, "batch requests go to %s<caller>.<batch id>, not %q", wire.BatchPrefix, contract.Echo(r.msg.Subject()))
 	}
 	item, ok := strings.CutPrefix(r.runID, batchID+":")
 	if !ok || item == "" || r.runID == r.derived {
 		r.recordID = r.derived
-		return contract.Errorf(contract.CodeInvalidInput, "%s: a batch item's run id is <batch id>:<item id> (%s:…), got %q", wire.HeaderRunID, batchID, echo(r.runID))
+		return contract.Errorf(contract.CodeInvalidInput, "%s: a batch item's run id is <batch id>:<item id> (%s:…), got %q", wire.HeaderRunID, batchID, contract.Echo(r.runID))
 	}
 	r.batchID, r.itemID = batchID, item
 	return nil

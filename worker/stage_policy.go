@@ -64,7 +64,7 @@ func (r *run) fitsFor() (calibrated []*contract.Calibrated, risks []policy.RiskF
 		if !fit.AppliesTemperature() {
 			continue
 		}
-		a := answerNamed(r.resp.Answers, q.Name)
+		a := contract.AnswerNamed(r.resp.Answers, q.Name)
 		if a == nil {
 			continue
 		}

@@ -32,7 +32,9 @@ import (
 	"github.com/sys1hq/sys1/worker/budget"
 	"github.com/sys1hq/sys1/worker/cache"
 	"github.com/sys1hq/sys1/worker/calibration"
+	"github.com/sys1hq/sys1/worker/internal/deadletter"
 	"github.com/sys1hq/sys1/worker/internal/holds"
+	"github.com/sys1hq/sys1/worker/internal/labelcheck"
 	"github.com/sys1hq/sys1/worker/limits"
 	"github.com/sys1hq/sys1/worker/livefile"
 	"github.com/sys1hq/sys1/worker/metrics"
@@ -128,10 +130,12 @@ type Worker struct {
 	gate                     rungate.Gate
 	// pipe is what the runs' stages use (pipeline.go), built once the topology is in place;
 	// holds releases held replies as reviewers' labels arrive (holds.go).
-	pipe  *pipeline
-	holds *holds.Releaser
-	log   zerolog.Logger
-	stats stats
+	pipe   *pipeline
+	holds  *holds.Releaser
+	labels *labelcheck.Checker
+	dead   *deadletter.Answerer
+	log    zerolog.Logger
+	stats  stats
 	// chain is the providers. Each link's limiter bounds its calls in flight to Concurrency.
 	// The pull loop admits twice as many messages, so the runs waiting for a slot have already
 	// been claimed and validated, and the runs past their call store and publish their
@@ -210,8 +214,14 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 			Msg("SYS1_MAX_ACK_PENDING is below twice this replica's concurrency (a replica holds up to 2 × SYS1_CONCURRENCY messages); it caps each request consumer across replicas, so raise it to at least 2 × replicas × SYS1_CONCURRENCY")
 	}
 	w.pipe = w.newPipeline()
-	w.holds = &holds.Releaser{Gate: w.gate, Out: w.pipe.out, Log: w.log,
-		Retry: func(n int) time.Duration { return w.cfg.retry().Delay(n, 0) }}
+	retry := func(n int) time.Duration { return w.cfg.retry().Delay(n, 0) }
+	w.holds = &holds.Releaser{Gate: w.gate, Out: w.pipe.out, Log: w.log, Retry: retry}
+	w.labels = &labelcheck.Checker{Auth: w.opt.Auth, Gate: w.gate, Out: w.pipe.out, Log: w.log,
+		AllowAnyInbox: w.cfg.AllowAnyInbox, MaxDeliver: w.opt.Topology.ConsumerMaxDeliver, Retry: retry,
+		RunIDTTL: w.opt.Topology.RunIDTTL, LabelsStream: w.opt.Topology.LabelsStream, RejectedMaxAge: w.opt.Topology.RejectedLabelsMaxAge}
+	w.dead = &deadletter.Answerer{RequestsStream: w.opt.Topology.RequestsStream,
+		Requests: func() deadletter.Stream { return w.requests }, Handle: w.handle,
+		RetryBase: w.cfg.RetryBase, Log: w.log, Answered: func() { w.stats.deadLetters.Add(1) }}
 	ok = true
 	return w, nil
 }
