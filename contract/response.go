@@ -57,3 +57,13 @@ type RawField struct {
 	Key   string
 	Value json.RawMessage
 }
+
+// AnswerNamed is the answer to the question named name, or nil.
+func AnswerNamed(answers []Answer, name string) *Answer {
+	for i := range answers {
+		if answers[i].Name == name {
+			return &answers[i]
+		}
+	}
+	return nil
+}

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/rungate"
 )
@@ -53,7 +53,7 @@ func (w *Worker) storeBatchManifest(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
-	kept, err := w.keepBatchManifest(ctx, m)
+	kept, err := w.gate.KeepManifest(ctx, m)
 	switch {
 	case err != nil && int(meta.NumDelivered) < w.opt.Topology.ConsumerMaxDeliver:
 		delay := w.cfg.retry().Delay(int(meta.NumDelivered), 0)
@@ -89,41 +89,11 @@ func (w *Worker) checkBatchManifest(ctx context.Context, msg jetstream.Msg) (run
 		return m, "not a manifest: " + err.Error()
 	}
 	if !wire.ValidBatchID(m.BatchID) {
-		return m, fmt.Sprintf("batch_id %q is not a batch id (1–64 of A-Za-z0-9_-)", echo(m.BatchID))
+		return m, fmt.Sprintf("batch_id %q is not a batch id (1–64 of A-Za-z0-9_-)", contract.Echo(m.BatchID))
 	}
 	if m.Items < 0 || m.Invalid < 0 || m.Invalid > m.Items {
 		return m, fmt.Sprintf("inconsistent: %d invalid of %d items", m.Invalid, m.Items)
 	}
 	m.Caller, m.UpdatedAt = id.Caller, time.Now().UTC()
 	return m, ""
-}
-
-// keepBatchManifest stores m unless another caller owns the batch's manifest (kept false).
-func (w *Worker) keepBatchManifest(ctx context.Context, m rungate.Manifest) (kept bool, err error) {
-	key := rungate.ManifestKey(m.BatchID)
-	val, _ := json.Marshal(m)
-	for range 3 {
-		if _, err := w.gate.kv.Create(ctx, key, val); err == nil {
-			return true, nil
-		} else if !errors.Is(err, jetstream.ErrKeyExists) {
-			return false, fmt.Errorf("batch manifest: create: %w", err)
-		}
-		e, err := w.gate.get(ctx, key) // from the leader: a follower catching up may not have it
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue // expired or deleted between the two calls
-		}
-		if err != nil {
-			return false, fmt.Errorf("batch manifest: get: %w", err)
-		}
-		var old rungate.Manifest
-		if json.Unmarshal(e.value, &old) == nil && old.Caller != m.Caller {
-			return false, nil
-		}
-		if _, err := w.gate.kv.Update(ctx, key, val, e.revision); err == nil {
-			return true, nil
-		} else if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return false, fmt.Errorf("batch manifest: update: %w", err)
-		}
-	}
-	return false, errors.New("batch manifest: the entry keeps changing")
 }

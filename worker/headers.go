@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
+	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
 )
 
@@ -38,25 +38,7 @@ func parseDeadline(v string) (t time.Time, set bool, err error) {
 	}
 	t, err = time.Parse(time.RFC3339Nano, strings.TrimSpace(v))
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("%s: %q is not an RFC 3339 time", wire.HeaderDeadline, echo(v))
+		return time.Time{}, false, fmt.Errorf("%s: %q is not an RFC 3339 time", wire.HeaderDeadline, contract.Echo(v))
 	}
 	return t, true, nil
-}
-
-// maxEcho bounds a header value quoted back in an error message: replies, records and the
-// gate repeat the message, so an unbounded value would be stored several times over.
-const maxEcho = 64
-
-// echo is a header value fit to quote in an error message: at most maxEcho bytes, cut on a
-// rune boundary and marked with "…", invalid UTF-8 replaced.
-func echo(v string) string {
-	v = strings.ToValidUTF8(v, "\uFFFD")
-	if len(v) <= maxEcho {
-		return v
-	}
-	i := maxEcho - len("…")
-	for i > 0 && !utf8.RuneStart(v[i]) {
-		i--
-	}
-	return v[:i] + "…"
 }

@@ -2,53 +2,18 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 
-	"github.com/sys1hq/sys1/contract"
-	"github.com/sys1hq/sys1/contract/wire"
-	"github.com/sys1hq/sys1/worker/auth"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
-// Producer labels. A producer that learns the truth about one of its runs later (the refund
-// really was requested) publishes a contract.Label on sys1.labels.<caller>. Every replica
-// reads those from one shared consumer (topology.LabelsConsumer) and checks each like a
-// request: who sent it (the authenticator, exactly as for requests), where it may be answered
-// (Sys1-Reply-To, auth.CheckReplyTo), then the label against the run's stored outcome in the
-// run-id gate: the run is the sender's (modes subject and jwt), it has finished with answers,
-// the question is one of them and the value fits its type (contract.CheckLabel). The outcome
-// is published, awaiting JetStream's ack, before anything else:
-//
-//   - accepted: the checked label on sys1.labels.<token>.accepted (Caller the run's caller,
-//     Source "producer"), which the sink stores in ClickHouse sys1.labels;
-//   - rejected: contract.LabelRejection on sys1.labels.<token>.rejected, which the sink parks
-//     in the dead-letter table with its reason.
-//
-// Then the sender is answered on Sys1-Reply-To (contract.LabelReply) and the submission is
-// acked. Both outcomes carry a Nats-Msg-Id derived from the submission's stream sequence and
-// time, so a redelivered submission (a crash before the ack) is not stored twice. NATS or KV
-// trouble naks the submission with a growing delay; its last delivery (the consumer's max
-// deliver) is answered with the error, so nothing waits without bound and every submission
-// ends accepted or rejected. A sender nobody could verify is never answered (like requests),
-// but its submission is still recorded as rejected.
-//
-// Submissions wait on SYS1_LABEL_SUBMISSIONS, a work queue: once checked a submission is
-// gone, and only its outcome stays, on SYS1_LABELS (a rejection for SYS1_LABELS_REJECTED_MAX_AGE,
-// not the labels' 30 days). A producer with SYS1_LABELS_MAX_PER_CALLER submissions waiting is
-// refused at publish by JetStream.
-//
-// Producer labels are ground truth for analysis only: they never release a held reply (see
-// holds.go); only a person on the review page can.
+// Producer labels are checked by worker/internal/labelcheck; this replica's part is the
+// consumers that deliver the submissions to it.
 
 // labelLoops are the worker's two consumers of SYS1_LABELS; ensure replaces them.
 type labelLoops struct {
@@ -81,7 +46,7 @@ func (w *Worker) labelSubmissions(ctx, runCtx context.Context) {
 		w.consumeLabelFlows(ctx, runCtx)
 		return
 	}
-	w.consumeLabels(ctx, runCtx, w.opt.Topology.LabelSubmissionsStream, w.opt.Topology.LabelsConsumer, &w.labelLoops.labels, topology.EnsureLabelsConsumer, w.checkLabel)
+	w.consumeLabels(ctx, runCtx, w.opt.Topology.LabelSubmissionsStream, w.opt.Topology.LabelsConsumer, &w.labelLoops.labels, topology.EnsureLabelsConsumer, w.labels.Check)
 }
 
 // consumeLabelFlows checks submitted labels with fair share: one at a time, senders served in
@@ -91,7 +56,7 @@ func (w *Worker) consumeLabelFlows(ctx, runCtx context.Context) {
 	lane := w.fair.labels
 	var fails int
 	for ctx.Err() == nil {
-		if w.isFull(w.opt.Topology.LabelsStream) {
+		if w.storage.isFull(w.opt.Topology.LabelsStream) {
 			// Back-pressure, as in consumeLabels: nothing is pulled while a checked label
 			// could not be stored.
 			select {
@@ -105,7 +70,7 @@ func (w *Worker) consumeLabelFlows(ctx, runCtx context.Context) {
 				_ = m.Nak() // pulled after SIGTERM: another replica takes it
 				return false
 			}
-			w.checkLabel(runCtx, flowMsg{Msg: m, lane: lane, flow: f})
+			w.labels.Check(runCtx, flowMsg{Msg: m, lane: lane, flow: f})
 			return true
 		})
 		if n > 0 {
@@ -150,7 +115,7 @@ func (w *Worker) drainLegacyLabels(ctx, runCtx context.Context) {
 		if err == nil {
 			for m := range batch.Messages() {
 				n++
-				w.checkLabel(runCtx, m)
+				w.labels.Check(runCtx, m)
 			}
 		}
 		if n > 0 {
@@ -175,7 +140,7 @@ func (w *Worker) consumeLabels(ctx, runCtx context.Context, stream, name string,
 	var fails int
 	var goneSince time.Time
 	for ctx.Err() == nil {
-		if stream == w.opt.Topology.LabelSubmissionsStream && w.isFull(w.opt.Topology.LabelsStream) {
+		if stream == w.opt.Topology.LabelSubmissionsStream && w.storage.isFull(w.opt.Topology.LabelsStream) {
 			// Back-pressure: a checked label could not be stored now, and pulling would only
 			// spend the submissions' deliveries. They wait, unread, until there is room.
 			select {
@@ -243,293 +208,4 @@ func (w *Worker) recreateLabelConsumer(ctx context.Context, cons *atomic.Pointer
 	}
 	cons.Store(&c)
 	return nil
-}
-
-// labelSubmission is one delivery of one submitted label, filled in as it is checked.
-type labelSubmission struct {
-	w    *Worker
-	msg  jetstream.Msg
-	meta *jetstream.MsgMetadata
-	log  zerolog.Logger
-	// token is the caller token of the subject: the outcome goes to sys1.labels.<token>.….
-	token    string
-	identity auth.Identity
-	// verified: somebody verified sent it (only then may it be answered).
-	verified bool
-	replyTo  string
-	label    *contract.Label // as submitted, once decoded
-}
-
-// checkLabel settles one submitted label.
-func (w *Worker) checkLabel(ctx context.Context, msg jetstream.Msg) {
-	meta, err := msg.Metadata()
-	if err != nil {
-		w.log.Error().Err(err).Str("subject", msg.Subject()).Msg("label without JetStream metadata; terminated")
-		_ = msg.Term()
-		return
-	}
-	s := &labelSubmission{w: w, msg: msg, meta: meta,
-		log: w.log.With().Str("subject", msg.Subject()).Uint64("labels_seq", meta.Sequence.Stream).Uint64("delivery", meta.NumDelivered).Logger()}
-	token, terr := auth.CallerFromSubject(msg.Subject())
-	if terr != nil || !strings.HasPrefix(msg.Subject(), wire.LabelsPrefix) {
-		// The consumer's filter makes this unreachable: nowhere to record an outcome.
-		s.log.Error().Msg("label on a subject without a caller token; terminated")
-		_ = msg.Term()
-		return
-	}
-	s.token = token
-	out, cerr, err := s.check(ctx)
-	last := int(meta.NumDelivered) >= w.opt.Topology.ConsumerMaxDeliver
-	if err != nil {
-		if !last {
-			delay := w.cfg.retry().Delay(int(meta.NumDelivered), 0)
-			s.log.Warn().Err(err).Dur("retry_in", delay).Msg("could not check a label; redelivering")
-			_ = msg.NakWithDelay(delay)
-			return
-		}
-		s.log.Error().Err(err).Msg("could not check a label on its last delivery; rejecting it")
-		out, cerr = nil, contract.Wrap(contract.CodeInternal, err,
-			"the label could not be checked: its run could not be read in %d deliveries (NATS or its KV store unavailable); nothing was stored: submit it again", meta.NumDelivered)
-	}
-	if err := s.conclude(ctx, out, cerr); err != nil {
-		if !last {
-			delay := w.cfg.retry().Delay(int(meta.NumDelivered), 0)
-			s.log.Warn().Err(err).Dur("retry_in", delay).Msg("could not record a label's outcome; redelivering")
-			_ = msg.NakWithDelay(delay)
-			return
-		}
-		// Terminated, the submission leaves the work queue: the log line is what remains.
-		s.log.Error().Err(err).Msg("could not record a label's outcome on its last delivery; the submission is dropped unchecked")
-		_ = msg.Term()
-		return
-	}
-	_ = msg.Ack()
-}
-
-// check decides the submission: the label to accept, or why it is rejected. err is NATS or KV
-// trouble (nothing decided).
-func (s *labelSubmission) check(ctx context.Context) (*contract.Label, *contract.Error, error) {
-	w, hdr := s.w, s.msg.Headers()
-	identity, aerr := w.opt.Auth.Authenticate(s.log.WithContext(ctx), s.msg.Subject(), hdr)
-	if aerr != nil && (aerr.Code != contract.CodeForbidden || identity.Kind != contract.CallerKindJWT || identity.Caller == "") {
-		identity = auth.Identity{} // as in admit: only a verified jwt caller refused for its roles is known
-	}
-	if identity.Subject == "" {
-		identity.Subject = s.msg.Subject()
-	}
-	s.identity, s.verified = identity, identity.Kind != ""
-	s.replyTo = hdr.Get(wire.HeaderReplyTo)
-	if !s.verified {
-		s.replyTo = "" // never answer anyone unverified: recorded as rejected, not answered
-	}
-	if cerr := auth.CheckReplyTo(identity, s.replyTo, auth.ReplyPolicy{AnyInbox: w.cfg.AllowAnyInbox}); cerr != nil {
-		s.replyTo = ""
-		return nil, cerr, nil
-	}
-	if aerr != nil {
-		return nil, aerr, nil
-	}
-	l, derr := contract.DecodeLabel(s.msg.Data())
-	if derr != nil {
-		return nil, derr, nil
-	}
-	s.label = l
-	s.log = s.log.With().Str("caller", identity.Caller).Str("run_id", l.RunID).Logger()
-	if l.Source == contract.LabelSourceReview {
-		return nil, labelProblem("source", fmt.Sprintf("producers submit labels with source %q (or none); %q labels come from the review page only", contract.LabelSourceProducer, contract.LabelSourceReview)), nil
-	}
-	st, _, err := w.gate.lookup(ctx, l.RunID)
-	if errors.Is(err, errUnreadableEntry) {
-		return nil, contract.Wrap(contract.CodeInternal, err, "the stored outcome of run %q cannot be read; the label was not stored", l.RunID), nil
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	// Another caller's run reads exactly like no run: a label must not tell anyone which
-	// run ids others use.
-	if st == nil || !auth.SameOwner(st.Caller, identity) {
-		return nil, labelProblem("run_id", fmt.Sprintf("no run %q of yours is known (the run-id gate remembers runs for %s)", l.RunID, w.opt.Topology.RunIDTTL)), nil
-	}
-	if st.Status != runDone {
-		return nil, labelProblem("run_id", fmt.Sprintf("run %q has not finished yet; label it once it has been answered", l.RunID)), nil
-	}
-	var reply contract.Reply
-	if err := json.Unmarshal(st.Reply, &reply); err != nil {
-		return nil, contract.Wrap(contract.CodeInternal, err, "the stored outcome of run %q cannot be read; the label was not stored", l.RunID), nil
-	}
-	if reply.Result == nil {
-		code := "an error"
-		if reply.Error != nil {
-			code = string(reply.Error.Code)
-		}
-		return nil, labelProblem("run_id", fmt.Sprintf("run %q failed (%s): it has no answers to label", l.RunID, code)), nil
-	}
-	answer := answerNamed(reply.Result.Answers, l.Question)
-	if answer == nil {
-		return nil, labelProblem("question", fmt.Sprintf("run %q has no question %q (its questions: %s)", l.RunID, echo(l.Question), questionNames(reply.Result.Answers))), nil
-	}
-	text, cerr := contract.CheckLabel(*answer, l.Value)
-	if cerr != nil {
-		return nil, cerr, nil
-	}
-	out := &contract.Label{
-		RunID: l.RunID, Question: answer.Name, Value: canonicalLabel(answer.Type, l.Value, text),
-		Reviewer: l.Reviewer, LabelledAt: l.LabelledAt, Source: contract.LabelSourceProducer, Caller: st.Caller,
-	}
-	if out.Reviewer == "" {
-		out.Reviewer = identity.Caller
-	}
-	if out.LabelledAt.IsZero() {
-		// The submission's own time, not now: a redelivery builds the very same label.
-		out.LabelledAt = s.meta.Timestamp.UTC()
-	}
-	return out, nil, nil
-}
-
-// labelProblem is a SYS1_INVALID_INPUT naming one problem with its path, worded like
-// contract.DecodeLabel's and contract.CheckLabel's.
-func labelProblem(path, msg string) *contract.Error {
-	ps := contract.Problems{{Path: path, Message: msg}}
-	return contract.Wrap(contract.CodeInvalidInput, ps, "invalid label: %s", ps.Error())
-}
-
-// questionNames lists a run's question names for an error message, bounded.
-func questionNames(answers []contract.Answer) string {
-	var sb strings.Builder
-	for i, a := range answers {
-		if i > 0 {
-			sb.WriteString(", ")
-		}
-		if i == 8 {
-			fmt.Fprintf(&sb, "… %d more", len(answers)-i)
-			break
-		}
-		sb.WriteString(echo(a.Name))
-	}
-	return sb.String()
-}
-
-// canonicalLabel is the stored form of a checked label value (text is what CheckLabel
-// returned): a choice key as a JSON string, true/false, a level index as an integer, null.
-func canonicalLabel(t contract.QuestionType, value json.RawMessage, text string) json.RawMessage {
-	if v := strings.TrimSpace(string(value)); v == "null" {
-		return json.RawMessage("null")
-	}
-	if t == contract.TypeChoice {
-		return json.RawMessage(contract.AppendJSONString(nil, text))
-	}
-	return json.RawMessage(text)
-}
-
-// conclude publishes the outcome (accepted label or rejection) and then answers the sender.
-func (s *labelSubmission) conclude(ctx context.Context, out *contract.Label, cerr *contract.Error) error {
-	w := s.w
-	var reply contract.LabelReply
-	if s.label != nil {
-		reply.RunID, reply.Question = s.label.RunID, s.label.Question
-	}
-	subject, status := wire.LabelAccepted(s.token), contract.LabelAccepted
-	var body []byte
-	if out != nil {
-		body, _ = out.MarshalJSON()
-		reply.Question, reply.Label = out.Question, out.Value
-	} else {
-		subject, status = wire.LabelRejected(s.token), contract.LabelRejected
-		caller := ""
-		if s.verified {
-			caller = s.identity.Caller
-		}
-		rej := contract.NewLabelRejection(s.msg.Data(), caller, s.msg.Subject(), s.meta.Sequence.Stream, cerr, time.Now())
-		if body, _ = rej.MarshalJSON(); len(body) > contract.MaxLabelBytes {
-			// The stream takes nothing larger than a label: keep the rejection, without the
-			// submission's copy (its size and SHA-256 still identify it).
-			rej.Submission = nil
-			body, _ = rej.MarshalJSON()
-		}
-		reply.Error = cerr
-	}
-	reply.Status = status
-	// One id for either outcome: a submission is recorded once, whichever its redelivery
-	// would conclude.
-	id := "label:" + strconv.FormatUint(s.meta.Sequence.Stream, 10) + ":" + strconv.FormatInt(s.meta.Timestamp.UnixNano(), 36)
-	r := &run{w: w, msg: s.msg, log: s.log} // for store: retried in place, the delivery kept alive
-	err := r.store(ctx, "publish the checked label", w.opt.Topology.LabelsStream, func(ctx context.Context) error {
-		m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
-		if s.label != nil {
-			m.Header.Set(wire.HeaderRunID, s.label.RunID)
-		}
-		opts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}
-		if out == nil {
-			// Kept for the sink's dead-letter table as long as run records wait for the sink,
-			// not the labels' 30 days.
-			opts = append(opts, jetstream.WithMsgTTL(w.opt.Topology.RejectedLabelsMaxAge))
-		}
-		_, err := w.opt.JS.PublishMsg(ctx, m, opts...)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("publish to %s: %w", subject, err)
-	}
-	ev := s.log.Info()
-	if cerr != nil {
-		ev = ev.Str("error_code", string(cerr.Code)).Str("reason", cerr.Message)
-	} else {
-		ev = ev.Str("question", out.Question)
-	}
-	ev.Str("status", status).Bool("answered", s.replyTo != "").Msg("label checked")
-	if s.replyTo == "" {
-		return nil
-	}
-	rb, _ := reply.MarshalJSON()
-	m := &nats.Msg{Subject: s.replyTo, Data: rb, Header: nats.Header{}}
-	if reply.RunID != "" {
-		m.Header.Set(wire.HeaderRunID, reply.RunID)
-	}
-	m.Header.Set(wire.HeaderStatus, status)
-	if cerr != nil {
-		m.Header.Set(wire.HeaderErrorCode, string(cerr.Code))
-	}
-	if strings.HasPrefix(s.replyTo, wire.RepliesPrefix) {
-		err := r.store(ctx, "publish the durable label reply", w.opt.Topology.RepliesStream, func(ctx context.Context) error {
-			_, err := w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("reply:"+id))
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("publish durable label reply: %w", err)
-		}
-		return nil
-	}
-	if err := w.opt.NC.PublishMsg(m); err != nil {
-		return fmt.Errorf("publish label reply: %w", err)
-	}
-	return nil
-}
-
-// errUnreadableEntry marks a gate entry that is not a run state: no retry can fix it.
-var errUnreadableEntry = errors.New("run-id gate entry does not decode")
-
-// lookup reads the gate entry of runID, and its revision; nil when the gate holds none (never
-// run, or forgotten after SYS1_RUN_ID_TTL). An id with a ':' may still live under its legacy
-// key (see claim), which then governs it.
-func (g gate) lookup(ctx context.Context, runID string) (*runState, uint64, error) {
-	keys := []string{GateKey(runID)}
-	if strings.Contains(runID, ":") {
-		keys = []string{legacyGateKey(runID), GateKey(runID)}
-	}
-	for _, key := range keys {
-		e, err := g.get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, 0, fmt.Errorf("run-id gate: get: %w", err)
-		}
-		var st runState
-		if err := json.Unmarshal(e.value, &st); err != nil {
-			return nil, 0, fmt.Errorf("%w: %w", errUnreadableEntry, err)
-		}
-		st.Key = key
-		return &st, e.revision, nil
-	}
-	return nil, 0, nil
 }

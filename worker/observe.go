@@ -134,7 +134,7 @@ func (w *Worker) MetricFamilies() []metrics.Family { return w.metrics.Families()
 // begin starts the delivery's span, under the request's traceparent when it has a valid one.
 func (r *run) begin(ctx context.Context) context.Context {
 	ctx = tracing.Extract(ctx, r.msg.Headers())
-	ctx, span := r.w.tracer.Start(ctx, "run", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(r.start))
+	ctx, span := r.p.tracer.Start(ctx, "run", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(r.start))
 	r.obs.span = span
 	if sc := span.SpanContext(); sc.IsValid() {
 		r.obs.traceID = sc.TraceID().String()
@@ -151,7 +151,7 @@ func (r *run) begin(ctx context.Context) context.Context {
 func (r *run) stage(ctx context.Context, name string, fn func(*run, context.Context) error) error {
 	start := time.Now()
 	before := len(r.attempts)
-	sctx, span := r.w.tracer.Start(ctx, name)
+	sctx, span := r.p.tracer.Start(ctx, name)
 	defer func() {
 		if p := recover(); p != nil {
 			// handle recovers it (SYS1_INTERNAL); the span still ends, marked.
@@ -161,18 +161,18 @@ func (r *run) stage(ctx context.Context, name string, fn func(*run, context.Cont
 		}
 	}()
 	err := fn(r, sctx)
-	r.w.metrics.Stage(name, time.Since(start))
+	r.p.metrics.Stage(name, time.Since(start))
 	if r.meta != nil {
 		delivery := int(r.meta.NumDelivered)
 		for _, a := range r.attempts[min(before, len(r.attempts)):] {
 			if a.Delivery == delivery { // not the stored attempts of earlier deliveries
-				r.w.metrics.Attempt(a.Provider, string(a.Outcome), a.Outcome != contract.OutcomeSkipped, time.Duration(a.LatencyMS)*time.Millisecond)
+				r.p.metrics.Attempt(a.Provider, string(a.Outcome), a.Outcome != contract.OutcomeSkipped, time.Duration(a.LatencyMS)*time.Millisecond)
 			}
 		}
 		if !r.obs.queued {
 			r.obs.queued = true
 			if r.meta.NumDelivered == 1 && !r.meta.Timestamp.IsZero() {
-				r.w.metrics.QueueWait(topology.SharedName(r.meta.Consumer), r.start.Sub(r.meta.Timestamp))
+				r.p.metrics.QueueWait(topology.SharedName(r.meta.Consumer), r.start.Sub(r.meta.Timestamp))
 			}
 		}
 	}
@@ -225,7 +225,7 @@ func (r *run) observeFinished(reply *contract.Reply) {
 	if p := r.publishedAt(); !p.IsZero() {
 		e2e = time.Since(p)
 	}
-	r.w.metrics.RunFinished(string(reply.Status), code, r.calledProvider(), model, r.identity.Caller, e2e)
+	r.p.metrics.RunFinished(string(reply.Status), code, r.calledProvider(), model, r.identity.Caller, e2e)
 	r.obs.answered, r.obs.status, r.obs.errorCode = true, string(reply.Status), code
 }
 

@@ -60,7 +60,7 @@ type provenance struct {
 
 // provenanceNow is the provenance of a run finishing in this delivery.
 func (r *run) provenanceNow() provenance {
-	p := provenance{provider: r.provider(), worker: r.w.cfg.ID, version: r.w.opt.Version, replyTo: r.replyTo,
+	p := provenance{provider: r.provider(), worker: r.p.cfg.ID, version: r.p.version, replyTo: r.replyTo,
 		costUSD: r.costUSD(), cacheHit: r.cacheHit}
 	p.identity.Caller, p.identity.CallerKind = r.identity.Caller, r.identity.Kind
 	p.identity.Roles, p.identity.Scopes = r.identity.Roles, r.identity.Scopes
@@ -140,7 +140,7 @@ func (r *run) recordFor(reply *contract.Reply, finished time.Time, p provenance)
 	}
 	// SYS1_RECORD_STATE applies where the record is made: SYS1_RUNS holds the form ClickHouse
 	// will (the sink applies it again, which changes nothing).
-	return *rec.RedactContent(r.w.cfg.RecordState)
+	return *rec.RedactContent(r.p.cfg.RecordState)
 }
 
 // provider is the provider the record names: the one that answered, else the last one
@@ -154,7 +154,7 @@ func (r *run) provider() string {
 			return a.Provider
 		}
 	}
-	return r.w.chain.Names()[0]
+	return r.p.chain.Names()[0]
 }
 
 // startedAt is when the run first started (its first delivery's claim), or this delivery's

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -33,7 +34,7 @@ func (r *run) reviewRun(now time.Time) *contract.ReviewRun {
 	if rr.Model == "" {
 		rr.Model = r.resolved.Model
 	}
-	if r.w.cfg.ReviewState == ReviewStateFull {
+	if r.p.cfg.ReviewState == ReviewStateFull {
 		rr.State = r.resolved.State
 	}
 	for _, rv := range r.reviews {
@@ -46,7 +47,7 @@ func (r *run) reviewRun(now time.Time) *contract.ReviewRun {
 		if rv.Index < len(r.verdicts) {
 			it.Verdict = r.verdicts[rv.Index]
 		}
-		if a := answerNamed(r.resp.Answers, q.Name); a != nil {
+		if a := contract.AnswerNamed(r.resp.Answers, q.Name); a != nil {
 			it.Probabilities, it.Confidence = a.Probabilities, a.Confidence
 			switch q.Type {
 			case contract.TypeChoice:
@@ -60,15 +61,6 @@ func (r *run) reviewRun(now time.Time) *contract.ReviewRun {
 		rr.Items = append(rr.Items, it)
 	}
 	return rr
-}
-
-func answerNamed(answers []contract.Answer, name string) *contract.Answer {
-	for i := range answers {
-		if answers[i].Name == name {
-			return &answers[i]
-		}
-	}
-	return nil
 }
 
 // reviewSubject is where the run's review items go: topology.ReviewSubject, the one rule the
@@ -96,21 +88,18 @@ func (r *run) queueReview(ctx context.Context, now time.Time) (bool, error) {
 		// Unreachable: admit refused every request without a caller token.
 		return false, fmt.Errorf("publish review items: %w", err)
 	}
-	stream := r.w.opt.Topology.ReviewStream
+	stream := r.p.topo.ReviewStream
 	for {
-		err := r.store(ctx, "publish the review item", stream, func(ctx context.Context) error {
-			body, _ := rr.MarshalJSON()
-			m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
-			m.Header.Set(wire.HeaderRunID, r.runID)
-			_, err := r.w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("review:"+rr.Items[0].ID))
-			return err
-		})
-		if isTooLarge(err) && len(rr.State) > 0 {
+		body, _ := rr.MarshalJSON()
+		m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
+		m.Header.Set(wire.HeaderRunID, r.runID)
+		err := r.out().Publish(ctx, "publish the review item", stream, m, jetstream.WithMsgID("review:"+rr.Items[0].ID))
+		if outbox.IsTooLarge(err) && len(rr.State) > 0 {
 			r.log.Warn().Str("item", rr.Items[0].ID).Msg("review item too large to store with the run's state; stored without it")
 			rr.State = nil
 			continue // again, without the state
 		}
-		if refused, ok := refusedBy(err); ok || isTooLarge(err) {
+		if refused, ok := outbox.RefusedBy(err); ok || outbox.IsTooLarge(err) {
 			r.reviewNotQueued(refused, err)
 			return true, nil
 		}
@@ -124,17 +113,17 @@ func (r *run) queueReview(ctx context.Context, now time.Time) (bool, error) {
 
 // reviewNotQueued answers a run whose review item could not be stored: the reply says so and
 // why, and the run is not held.
-func (r *run) reviewNotQueued(refused *storeRefused, err error) {
+func (r *run) reviewNotQueued(refused *outbox.Refused, err error) {
 	var reason string
 	switch {
-	case refused != nil && refused.refusal == topology.RefusedQuota:
+	case refused != nil && refused.Refusal == topology.RefusedQuota:
 		reason = fmt.Sprintf("caller %q already has %d review items on %s (SYS1_REVIEW_MAX_PER_CALLER); this run's were not queued",
-			r.identity.Caller, r.w.opt.Topology.ReviewPerCaller, refused.stream)
-		r.w.metrics.QuotaRefused(metrics.QuotaReview)
-	case refused != nil && refused.refusal == topology.RefusedStorage:
+			r.identity.Caller, r.p.topo.ReviewPerCaller, refused.Stream)
+		r.p.metrics.QuotaRefused(metrics.QuotaReview)
+	case refused != nil && refused.Refusal == topology.RefusedStorage:
 		reason = "the NATS server has no storage left; this run's review items were not queued"
 	case refused != nil:
-		reason = fmt.Sprintf("%s is full (SYS1_REVIEW_MAX_BYTES); this run's review items were not queued", refused.stream)
+		reason = fmt.Sprintf("%s is full (SYS1_REVIEW_MAX_BYTES); this run's review items were not queued", refused.Stream)
 	default:
 		reason = "the review item is too large to store; it was not queued"
 	}

@@ -41,7 +41,7 @@ var stages = []struct {
 
 // run is one delivery's state, filled in stage by stage.
 type run struct {
-	w     *Worker
+	p     *pipeline
 	msg   jetstream.Msg
 	meta  *jetstream.MsgMetadata
 	log   zerolog.Logger
@@ -101,13 +101,19 @@ type run struct {
 	obs     observation    // spans and metrics (observe.go)
 }
 
-// handle processes one delivery. It never panics: a panic becomes SYS1_INTERNAL.
+// handle processes one delivery of the request stream.
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	if isBatchManifest(msg) {
 		w.storeBatchManifest(ctx, msg) // not a run: what a batch's input held (batch_manifest.go)
 		return
 	}
-	r := &run{w: w, msg: msg, start: time.Now(), log: w.log}
+	w.pipe.handle(ctx, msg)
+}
+
+// handle runs one request delivery through the stages and settles it. It never panics: a
+// panic becomes SYS1_INTERNAL.
+func (p *pipeline) handle(ctx context.Context, msg jetstream.Msg) {
+	r := &run{p: p, msg: msg, start: time.Now(), log: p.log}
 	ctx = r.begin(ctx)
 	defer r.finish()
 	defer func() {
@@ -149,7 +155,7 @@ func (r *run) end(ctx context.Context, err error) {
 
 // settle asks settle (settle.go) about this delivery.
 func (r *run) settle(err error) Settlement {
-	in := SettleInput{Err: err, MaxDeliver: r.w.cfg.MaxDeliver, Deadline: r.deadline, Retry: r.w.cfg.retry(), Now: time.Now()}
+	in := SettleInput{Err: err, MaxDeliver: r.p.cfg.MaxDeliver, Deadline: r.deadline, Retry: r.p.cfg.retry(), Now: time.Now()}
 	if r.meta != nil {
 		in.Deliveries = r.tries()
 	}
@@ -177,7 +183,7 @@ func (r *run) apply(ctx context.Context, s Settlement, err error) {
 	case Nak:
 		r.logNak(s, err)
 		// A stream or the gate's bucket may be gone: the pull loop recreates them.
-		r.w.requestRepair(err)
+		r.p.repair(err)
 		_, waited := isDelay(err)
 		if waited && r.state != nil {
 			r.state.Waits++ // a wait is not a try: the next delivery must know
@@ -190,7 +196,9 @@ func (r *run) apply(ctx context.Context, s Settlement, err error) {
 			if serr := r.releaseLease(context.WithoutCancel(ctx)); serr != nil {
 				r.log.Warn().Err(serr).Msg("could not store the run's progress in the gate; the next delivery may count this one, and waits for its lease")
 			}
-		} else if r.newAttempts || waited {
+		} else if (r.newAttempts || waited) && (r.state == nil || r.state.Status != runDone) {
+			// (A finished run's outcome holds its attempts already: one whose record waits
+			// for room in SYS1_RUNS is handed back with nothing more to save.)
 			if serr := r.saveAttempts(context.WithoutCancel(ctx)); serr != nil {
 				r.log.Warn().Err(serr).Msg("could not store the run's progress in the gate; the next delivery may count this one")
 			}
@@ -209,7 +217,7 @@ func (r *run) logNak(s Settlement, err error) {
 		return
 	}
 	if cerr, ok := contract.AsError(err); ok {
-		r.w.stats.retried.Add(1)
+		r.p.stats.retried.Add(1)
 		r.log.Info().Str("error_code", string(cerr.Code)).Dur("retry_in", s.Delay).Msg("transient provider error; redelivering")
 		return
 	}

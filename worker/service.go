@@ -439,7 +439,7 @@ func (w *Worker) Capabilities() Capabilities {
 			MaxQuestions: contract.MaxQuestions, MinOptions: contract.MinOptions, MaxOptions: contract.MaxOptions,
 			MaxLevels: contract.MaxLevels, MaxImages: contract.MaxImages, MaxTextBytes: contract.MaxTextBytes,
 			MaxImageRequestBytes: contract.MaxImageRequestBytes, MaxMessageBytes: w.opt.Topology.MaxMsgSize,
-			MaxStoredBytes: w.storeLimit(),
+			MaxStoredBytes: w.pipe.storeLimit(),
 		},
 		Concurrency: w.cfg.Concurrency, ProviderLatencyMS: w.stats.latency.value(), MaxDeliver: w.cfg.MaxDeliver, ConsumerMax: w.opt.Topology.ConsumerMaxDeliver,
 		AuthMode:     w.opt.Auth.Mode(),
@@ -447,7 +447,7 @@ func (w *Worker) Capabilities() Capabilities {
 		Calibration:  []FitSummary{},
 		CallerLimits: []CallerLimit{},
 	}
-	if l := w.limitsNow(); l != nil {
+	if l := w.pipe.limitsNow(); l != nil {
 		for _, r := range l.Rules {
 			c.CallerLimits = append(c.CallerLimits, CallerLimit{Name: r.Name, Caller: r.Caller, DecisionsPerMinute: r.DecisionsPerMinute,
 				InputTokensPerDay: r.InputTokensPerDay, USDPerDay: r.USDPerDay, InFlight: r.InFlight,

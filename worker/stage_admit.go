@@ -17,7 +17,7 @@ var errNotJetStream = contract.Errorf(contract.CodeInvalidInput, "message withou
 // admit establishes who sent the request and where it may be answered. Identity comes first:
 // nothing else about a request matters until we know who sent it.
 func (r *run) admit(ctx context.Context) error {
-	w := r.w
+	p := r.p
 	meta, err := r.msg.Metadata()
 	if err != nil {
 		r.log.Error().Err(err).Msg("message without JetStream metadata; terminating it")
@@ -25,16 +25,16 @@ func (r *run) admit(ctx context.Context) error {
 	}
 	r.meta = meta
 	hdr := r.msg.Headers()
-	r.derived = derivedRunID(w.opt.Topology.RequestsStream, meta.Sequence.Stream, *w.requestsEpoch.Load())
+	r.derived = derivedRunID(p.topo.RequestsStream, meta.Sequence.Stream, p.epoch())
 	r.runID, r.recordID = r.derived, r.derived
 	if id := hdr.Get(wire.HeaderRunID); id != "" && ValidRunID(id) {
 		r.runID, r.recordID = id, id
 	}
-	r.log = w.log.With().Str("run_id", r.runID).Uint64("stream_seq", meta.Sequence.Stream).Uint64("delivery", meta.NumDelivered).Logger()
+	r.log = p.log.With().Str("run_id", r.runID).Uint64("stream_seq", meta.Sequence.Stream).Uint64("delivery", meta.NumDelivered).Logger()
 
 	// The authenticator logs through the context's logger (a JWKS refresh a token caused), so
 	// its lines carry this run's run_id.
-	identity, aerr := w.opt.Auth.Authenticate(r.log.WithContext(ctx), r.msg.Subject(), hdr)
+	identity, aerr := p.auth.Authenticate(r.log.WithContext(ctx), r.msg.Subject(), hdr)
 	if aerr != nil && (aerr.Code != contract.CodeForbidden || identity.Kind != contract.CallerKindJWT || identity.Caller == "") {
 		// Only a verified jwt caller refused for its roles and scopes keeps its identity (the
 		// record says who was refused); any other refusal has no verified caller.
@@ -53,7 +53,7 @@ func (r *run) admit(ctx context.Context) error {
 		// is recorded (under the derived id), never sent.
 		r.replyTo = ""
 	}
-	if cerr := auth.CheckReplyTo(identity, r.replyTo, auth.ReplyPolicy{AnyInbox: w.cfg.AllowAnyInbox}); cerr != nil {
+	if cerr := auth.CheckReplyTo(identity, r.replyTo, auth.ReplyPolicy{AnyInbox: p.cfg.AllowAnyInbox}); cerr != nil {
 		r.replyTo = "" // never answer on a subject we refused
 		r.recordID = r.derived
 		return cerr
@@ -83,12 +83,12 @@ func (r *run) admitBatch() error {
 	_, batchID, _ := strings.Cut(rest, ".")
 	if batchID == "" || strings.Contains(batchID, ".") {
 		r.recordID = r.derived
-		return contract.Errorf(contract.CodeInvalidInput, "batch requests go to %s<caller>.<batch id>, not %q", wire.BatchPrefix, echo(r.msg.Subject()))
+		return contract.Errorf(contract.CodeInvalidInput, "batch requests go to %s<caller>.<batch id>, not %q", wire.BatchPrefix, contract.Echo(r.msg.Subject()))
 	}
 	item, ok := strings.CutPrefix(r.runID, batchID+":")
 	if !ok || item == "" || r.runID == r.derived {
 		r.recordID = r.derived
-		return contract.Errorf(contract.CodeInvalidInput, "%s: a batch item's run id is <batch id>:<item id> (%s:…), got %q", wire.HeaderRunID, batchID, echo(r.runID))
+		return contract.Errorf(contract.CodeInvalidInput, "%s: a batch item's run id is <batch id>:<item id> (%s:…), got %q", wire.HeaderRunID, batchID, contract.Echo(r.runID))
 	}
 	r.batchID, r.itemID = batchID, item
 	return nil

@@ -8,7 +8,6 @@ import (
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/budget"
-	"github.com/sys1hq/sys1/worker/limits"
 )
 
 // budget admits the run under its caller's limits (SYS1_LIMITS_FILE), exactly across every
@@ -18,15 +17,15 @@ import (
 // Token and USD budgets are charged an estimate now and corrected to what the call used
 // (settleBudget). A run answered from the cache uses no budget.
 func (r *run) budget(ctx context.Context) error {
-	w := r.w
-	if w.budget == nil || r.resp != nil && !r.resumed {
+	p := r.p
+	if p.budget == nil || r.resp != nil && !r.resumed {
 		return nil // no call, no charge (a cache hit); a resumed answer closes its open admission
 	}
-	rule, ok := w.limitsNow().Match(r.identity.Caller)
+	rule, ok := p.limitsNow().Match(r.identity.Caller)
 	if !ok || !rule.Limited() {
 		return nil
 	}
-	d, err := w.budget.Admit(ctx, r.identity.Caller, rule, r.estimate())
+	d, err := p.budget.Admit(ctx, r.identity.Caller, rule, r.estimate())
 	if err != nil {
 		return fmt.Errorf("budget: %w", err) // NATS trouble: nothing was admitted; try again
 	}
@@ -62,9 +61,9 @@ func (r *run) estimate() budget.Estimate {
 	// Named by the run: a delivery whose replica died before settling leaves its charge open,
 	// and the run's next delivery is admitted on it instead of paying twice.
 	est := budget.Estimate{InputTokens: int64(max(text, 0)/4 + 16*len(r.resolved.Questions)), ID: r.runID}
-	if routes := r.w.chain.Routes(r.resolved.Model); len(routes) > 0 {
+	if routes := r.p.chain.Routes(r.resolved.Model); len(routes) > 0 {
 		usage := contract.Usage{InputTokens: est.InputTokens, OutputTokens: int64(len(r.resolved.Questions))}
-		if c := r.w.pricesNow().Cost(routes[0].Provider, routes[0].Model, usage); c != nil {
+		if c := r.p.pricesNow().Cost(routes[0].Provider, routes[0].Model, usage); c != nil {
 			est.USD = *c
 		}
 	}
@@ -115,7 +114,7 @@ func (r *run) costUSD() *float64 {
 	if r.resp == nil {
 		return nil
 	}
-	return r.w.pricesNow().Cost(r.answeredBy, r.answeredModel, r.resp.Usage)
+	return r.p.pricesNow().Cost(r.answeredBy, r.answeredModel, r.resp.Usage)
 }
 
 // delayError is a run that must wait (a rate limit, an in-flight cap): not a failure, never
@@ -131,20 +130,4 @@ func isDelay(err error) (*delayError, bool) {
 	var d *delayError
 	ok := errors.As(err, &d)
 	return d, ok
-}
-
-// limitsNow is the limits file in force (nil: nobody is limited).
-func (w *Worker) limitsNow() *limits.Limits {
-	if w.opt.Limits == nil {
-		return nil
-	}
-	return w.opt.Limits.Current()
-}
-
-// pricesNow is the prices file in force (nil: every model unpriced).
-func (w *Worker) pricesNow() *limits.Prices {
-	if w.opt.Prices == nil {
-		return nil
-	}
-	return w.opt.Prices.Current()
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/cache"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -17,25 +18,25 @@ import (
 // attempt says "cache", its cost is 0. The key is the request as sent upstream, the provider
 // the chain would ask first and that provider's model digest — new weights, new keys.
 func (r *run) cacheLookup(ctx context.Context) error {
-	w := r.w
-	if w.cache == nil || r.resp != nil {
+	p := r.p
+	if p.cache == nil || r.resp != nil {
 		return nil
 	}
-	rule, _ := w.limitsNow().Match(r.identity.Caller)
-	age, cerr := cache.MaxAge(rule, r.msg.Headers().Get(wire.HeaderCache), w.cfg.CacheMaxTTL)
+	rule, _ := p.limitsNow().Match(r.identity.Caller)
+	age, cerr := cache.MaxAge(rule, r.msg.Headers().Get(wire.HeaderCache), p.cfg.CacheMaxTTL)
 	if cerr != nil {
 		return cerr
 	}
 	if age <= 0 {
 		return nil
 	}
-	routes := w.chain.Routes(r.resolved.Model)
+	routes := p.chain.Routes(r.resolved.Model)
 	if len(routes) == 0 {
 		return nil
 	}
 	route := routes[0]
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	digest, err := w.chain.ModelDigest(dctx, route.Provider, route.Model)
+	digest, err := p.chain.ModelDigest(dctx, route.Provider, route.Model)
 	cancel()
 	if err != nil || digest == "" {
 		r.log.Debug().Err(err).Str("provider", route.Provider).Msg("no model digest: the cache is not used for this run")
@@ -47,7 +48,7 @@ func (r *run) cacheLookup(ctx context.Context) error {
 	}
 	r.cacheKey, r.cacheAge = &key, age
 	started := time.Now()
-	hit, err := w.cache.Get(ctx, key, r.resolved, age)
+	hit, err := p.cache.Get(ctx, key, r.resolved, age)
 	if err != nil {
 		// The cache is an optimisation, never a reason to fail a run: the model decides.
 		r.log.Warn().Err(err).Msg("cache lookup failed; calling the provider")
@@ -56,7 +57,7 @@ func (r *run) cacheLookup(ctx context.Context) error {
 	if hit == nil {
 		return nil
 	}
-	w.stats.cacheHits.Add(1)
+	p.stats.cacheHits.Add(1)
 	r.resp = &contract.Response{Model: hit.Result.Model, Answers: hit.Result.Answers, Usage: hit.Result.Usage}
 	r.answeredBy, r.answeredModel, r.cacheHit = hit.Result.Provider, route.Model, true
 	r.attempts = append(r.attempts, contract.Attempt{
@@ -74,7 +75,7 @@ func (r *run) cacheStore(ctx context.Context) error {
 	if r.cacheKey == nil || r.cacheHit || r.resumed || r.resp == nil {
 		return nil
 	}
-	routes := r.w.chain.Routes(r.resolved.Model)
+	routes := r.p.chain.Routes(r.resolved.Model)
 	if len(routes) == 0 || routes[0].Provider != r.answeredBy {
 		return nil // another provider answered: not what the key names
 	}
@@ -85,11 +86,11 @@ func (r *run) cacheStore(ctx context.Context) error {
 	// Off the run's path: the reply does not wait for the cache (an entry lost to a crash
 	// only costs the next identical request a call).
 	key, age, log := *r.cacheKey, r.cacheAge, r.log
-	r.w.background.Go(func() {
+	r.p.background.Go(func() {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		err := r.w.cache.Put(pctx, key, res, age)
-		if _, full := refusedBy(r.w.noteStore(topology.KVStream(r.w.opt.Topology.CacheBucket), err)); full {
+		err := r.p.cache.Put(pctx, key, res, age)
+		if _, full := outbox.RefusedBy(r.p.room.Note(topology.KVStream(r.p.topo.CacheBucket), err)); full {
 			return // a full cache is said once (storage.go); entries expire and make room
 		}
 		if err != nil {

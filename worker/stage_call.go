@@ -15,7 +15,7 @@ func (r *run) call(ctx context.Context) error {
 	if r.resp != nil {
 		return nil // answered from the cache
 	}
-	w := r.w
+	p := r.p
 	callCtx := ctx
 	if !r.deadline.IsZero() {
 		// The chain calls no provider once the deadline has passed (SYS1_EXPIRED), and a call
@@ -30,7 +30,7 @@ func (r *run) call(ctx context.Context) error {
 	// a timer costs nothing until it fires.
 	// A call that long also renews the run's lease in the gate (renewLease), so no second
 	// delivery of the message takes the run over while this one still waits for the model.
-	beat := newHeartbeat(max(w.opt.Topology.AckWait/3, 10*time.Millisecond), func() {
+	beat := newHeartbeat(max(p.topo.AckWait/3, 10*time.Millisecond), func() {
 		_ = r.msg.InProgress()
 		r.renewLease(ctx)
 	})
@@ -42,7 +42,7 @@ func (r *run) call(ctx context.Context) error {
 		callCtx = limit.Urgent(callCtx)
 	}
 	// Providers log through the context's logger, so their lines carry this run's run_id.
-	res, err := w.chain.Evaluate(r.log.WithContext(callCtx), r.resolved, int(r.meta.NumDelivered))
+	res, err := p.chain.Evaluate(r.log.WithContext(callCtx), r.resolved, int(r.meta.NumDelivered))
 	r.attempts = append(r.attempts, res.Attempts...)
 	r.newAttempts = r.newAttempts || len(res.Attempts) > 0
 	switch {

@@ -2,15 +2,16 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
 	"github.com/sys1hq/sys1/contract"
+	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
 )
 
@@ -18,45 +19,45 @@ import (
 // the id is another caller's (conflict), the run already finished (answer it again from its
 // stored outcome), or another message with the same id is running it (wait for that one).
 func (r *run) gate(ctx context.Context) error {
-	w := r.w
-	r.owner = w.cfg.ID + "/" + nuid.Next()
+	p := r.p
+	r.owner = p.cfg.ID + "/" + nuid.Next()
 	claim, st, rev, err := r.claim(ctx)
 	if err != nil {
 		// A full bucket is said once in the log and in health; the delivery comes back later.
-		return w.noteStore(topology.KVStream(w.opt.Topology.RunsBucket), err)
+		return p.room.Note(topology.KVStream(p.topo.RunsBucket), err)
 	}
 	switch claim {
-	case claimBusy:
+	case rungate.ClaimBusy:
 		// Another delivery still held the run when this one gave up waiting: try again later.
 		return &waitError{ownerSeq: st.StreamSeq, until: st.LeaseUntil,
 			why: fmt.Sprintf("another delivery of this message is still running the run (%s, its lease until %s)", st.Owner, st.LeaseUntil.UTC().Format(time.RFC3339Nano))}
-	case claimRedelivery:
+	case rungate.ClaimRedelivery:
 		// The last delivery ended, or its replica died and its lease lapsed: this one takes the
 		// run over. Compare-and-set: of two deliveries doing so at once, one wins.
-		st.Owner, st.LeaseUntil = r.owner, time.Now().Add(w.lease())
-		if rev, err = w.gate.save(ctx, r.runID, st, rev); err != nil {
-			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		st.Owner, st.LeaseUntil = r.owner, time.Now().Add(p.lease())
+		if rev, err = p.gate.Save(ctx, r.runID, st, rev); err != nil {
+			if rungate.IsConflict(err) {
 				return &waitError{ownerSeq: st.StreamSeq, why: "another delivery of this message took the run over first; answering once it finishes"}
 			}
 			return fmt.Errorf("take over the run: %w", err)
 		}
-	case claimConflict:
+	case rungate.ClaimConflict:
 		r.recordID = r.derived
 		return contract.Errorf(contract.CodeRunIDConflict, "run id %q belongs to another caller's run; that run is untouched; use a fresh run id", r.runID)
-	case claimFinished:
+	case rungate.ClaimFinished:
 		r.finished = st
 		return nil
-	case claimDuplicate:
+	case rungate.ClaimDuplicate:
 		// Another message with this id owns the run. While it is still queued or in flight,
 		// answer once it has finished; if it is gone (aged out of the stream unfinished), this
 		// message takes the run over, or it would wait for good.
-		gone, err := w.messageGone(ctx, st.StreamSeq)
+		gone, err := p.messageGone(ctx, st.StreamSeq)
 		if err != nil {
 			// Not knowing is not "gone": taking the run over could score it twice. Try again.
 			return &waitError{ownerSeq: st.StreamSeq, err: err, why: "could not look up the message that owns this run id; the run will be retried"}
 		}
 		if !gone {
-			if int(r.meta.NumDelivered) >= w.opt.Topology.ConsumerMaxDeliver {
+			if int(r.meta.NumDelivered) >= p.topo.ConsumerMaxDeliver {
 				// Waiting longer would outlast this message's own deliveries: give up as the
 				// owner itself would, answered, and recorded apart (the run is the owner's).
 				r.recordID = r.derived
@@ -65,8 +66,8 @@ func (r *run) gate(ctx context.Context) error {
 			return &waitError{ownerSeq: st.StreamSeq, why: "run id is in flight from another message; answering once it finishes"}
 		}
 		st.StreamSeq = r.meta.Sequence.Stream
-		st.Owner, st.LeaseUntil = r.owner, time.Now().Add(w.lease())
-		if rev, err = w.gate.save(ctx, r.runID, st, rev); err != nil {
+		st.Owner, st.LeaseUntil = r.owner, time.Now().Add(p.lease())
+		if rev, err = p.gate.Save(ctx, r.runID, st, rev); err != nil {
 			return fmt.Errorf("take over run from a vanished message: %w", err)
 		}
 		r.log.Warn().Msg("the message that owned this run id left the stream unfinished; this one takes the run over")
@@ -83,13 +84,15 @@ func (r *run) gate(ctx context.Context) error {
 // releases it, or its lease lapses (its replica died: this one takes the run over) — never
 // calling the model beside it. Waiting inside the delivery, rather than nak'ing, spends none
 // of the message's deliveries, which count the run's tries.
-func (r *run) claim(ctx context.Context) (claimResult, *runState, uint64, error) {
-	w := r.w
+func (r *run) claim(ctx context.Context) (rungate.Claim, *runState, uint64, error) {
+	p := r.p
 	var logged bool
 	lastBeat := time.Now()
 	for {
-		claim, st, rev, err := w.gate.claim(ctx, r.runID, r.identity, r.meta.Sequence.Stream, r.start, r.owner, w.lease())
-		if err != nil || claim != claimBusy {
+		claim, st, rev, err := p.gate.Claim(ctx, rungate.Claimant{RunID: r.runID, Caller: r.identity.Caller,
+			Owns:      func(owner string) bool { return auth.SameOwner(owner, r.identity) },
+			StreamSeq: r.meta.Sequence.Stream, Start: r.start, Lease: r.owner, LeaseFor: p.lease()})
+		if err != nil || claim != rungate.ClaimBusy {
 			return claim, st, rev, err
 		}
 		if !logged {
@@ -97,10 +100,10 @@ func (r *run) claim(ctx context.Context) (claimResult, *runState, uint64, error)
 				Msg("another delivery of this message is running the run; waiting for it instead of calling the model again")
 			logged = true
 		}
-		if time.Since(r.start) > w.lease()+w.opt.Topology.AckWait/2 {
+		if time.Since(r.start) > p.lease()+p.topo.AckWait/2 {
 			return claim, st, rev, nil // its lease keeps being renewed: come back later
 		}
-		if time.Since(lastBeat) >= w.opt.Topology.AckWait/3 {
+		if time.Since(lastBeat) >= p.topo.AckWait/3 {
 			_ = r.msg.InProgress()
 			lastBeat = time.Now()
 		}
@@ -115,26 +118,20 @@ func (r *run) claim(ctx context.Context) (claimResult, *runState, uint64, error)
 	}
 }
 
-// lease is how long a claim keeps a run its delivery's: the ack wait and a quarter. A live
-// delivery renews it with every heartbeat of a long call (renewLease), so JetStream handing the
-// message to another replica (a consumer leader's change can do it at once) finds it held; a
-// dead replica's lapses a few seconds after JetStream redelivers its message for silence.
-func (w *Worker) lease() time.Duration { return w.opt.Topology.AckWait + w.opt.Topology.AckWait/4 }
-
 // renewLease extends this delivery's lease; the call's heartbeat calls it every third of the
 // ack wait while a call runs long. A renewal that finds the run taken over (its lease lapsed
 // while the gate could not be reached) leaves it to the new owner: storing would then fail.
 func (r *run) renewLease(ctx context.Context) {
 	r.leaseMu.Lock()
 	defer r.leaseMu.Unlock()
-	if r.state == nil || r.state.Owner != r.owner || time.Until(r.state.LeaseUntil) > r.w.lease()-r.w.opt.Topology.AckWait/4 {
+	if r.state == nil || r.state.Owner != r.owner || time.Until(r.state.LeaseUntil) > r.p.lease()-r.p.topo.AckWait/4 {
 		return
 	}
 	st := *r.state
-	st.LeaseUntil = time.Now().Add(r.w.lease())
-	sctx, cancel := context.WithTimeout(ctx, storeAttemptTimeout)
+	st.LeaseUntil = time.Now().Add(r.p.lease())
+	sctx, cancel := context.WithTimeout(ctx, outbox.AttemptTimeout)
 	defer cancel()
-	rev, err := r.w.gate.save(sctx, r.runID, &st, r.rev)
+	rev, err := r.p.gate.Save(sctx, r.runID, &st, r.rev)
 	if err != nil {
 		r.log.Warn().Err(err).Msg("could not renew the run's lease in the gate")
 		return
@@ -153,7 +150,7 @@ func (r *run) releaseLease(ctx context.Context) error {
 	}
 	r.state.Attempts = r.attempts
 	r.state.Owner, r.state.LeaseUntil = "", time.Time{}
-	rev, err := r.w.gate.save(ctx, r.runID, r.state, r.rev)
+	rev, err := r.p.gate.Save(ctx, r.runID, r.state, r.rev)
 	if err != nil {
 		return err
 	}

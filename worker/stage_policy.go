@@ -12,7 +12,7 @@ import (
 // verdict per question, beside the answers (which stay verbatim), and the questions that go
 // to human review. Without a policy, or without an answer, it does nothing.
 func (r *run) policy(context.Context) error {
-	h := r.w.opt.Abstention
+	h := r.p.abstention
 	if h == nil || r.resp == nil {
 		return nil
 	}
@@ -41,7 +41,7 @@ func (r *run) policy(context.Context) error {
 // temperature applies only when it converged (a fit stored for its risk threshold alone
 // carries none).
 func (r *run) fitsFor() (calibrated []*contract.Calibrated, risks []policy.RiskFit) {
-	fits := r.w.fits.Load()
+	fits := r.p.fits.Load()
 	if fits == nil || fits.Len() == 0 {
 		return nil, nil
 	}
@@ -64,7 +64,7 @@ func (r *run) fitsFor() (calibrated []*contract.Calibrated, risks []policy.RiskF
 		if !fit.AppliesTemperature() {
 			continue
 		}
-		a := answerNamed(r.resp.Answers, q.Name)
+		a := contract.AnswerNamed(r.resp.Answers, q.Name)
 		if a == nil {
 			continue
 		}

@@ -13,7 +13,7 @@ import (
 // prepare reads the deadline, decodes and validates the request and resolves it against the
 // model policy, and stops a run that earlier deliveries could not finish.
 func (r *run) prepare(context.Context) error {
-	w := r.w
+	p := r.p
 	hdr := r.msg.Headers()
 	deadline, set, err := parseDeadline(hdr.Get(wire.HeaderDeadline))
 	if err != nil {
@@ -31,26 +31,26 @@ func (r *run) prepare(context.Context) error {
 		return cerr
 	}
 	r.requested = req.Model
-	resolved, cerr := w.opt.ModelPolicy.Resolve(req)
+	resolved, cerr := p.models.Resolve(req)
 	if cerr != nil {
 		return cerr
 	}
 	r.resolved = resolved
-	if w.opt.Abstention != nil {
+	if p.abstention != nil {
 		// A producer may tighten its thresholds for this request; a bad value is refused
 		// before the model is called. Without a policy the header means nothing.
 		if r.minConfidence, cerr = policy.ParseMinConfidence(hdr.Get(wire.HeaderMinConfidence)); cerr != nil {
 			return cerr
 		}
 	}
-	if ok, size := storable(resolved, len(r.msg.Data()), w.storeLimit(), w.cfg.MaxDeliver); !ok {
+	if ok, size := storable(resolved, len(r.msg.Data()), p.storeLimit(), p.cfg.MaxDeliver); !ok {
 		// Refused without calling the model: its answer could never be stored. The record of
 		// the refusal leaves the request out for the same reason.
 		r.omitRequest = true
 		return contract.Errorf(contract.CodeRequestTooLarge, "the run's record would take about %d bytes (the request as recorded plus its answers), over the %d bytes NATS can store (max_payload, SYS1_MAX_MSG_SIZE); send less state or fewer, shorter options, or raise both limits; the model was not called",
-			size, w.storeLimit())
+			size, p.storeLimit())
 	}
-	if r.tries() > w.cfg.MaxDeliver && !kept {
+	if r.tries() > p.cfg.MaxDeliver && !kept {
 		// Earlier deliveries died without finishing (crashed replicas); stop here.
 		return r.lastError(fmt.Sprintf("no delivery finished the run in %d deliveries", r.meta.NumDelivered))
 	}

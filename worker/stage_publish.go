@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,13 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/topology"
-	"github.com/sys1hq/sys1/worker/tracing"
 )
 
 // publish answers a run that settle says is over. Its outcome is stored in the gate first,
@@ -49,7 +46,7 @@ func (r *run) publish(ctx context.Context, runErr error) error {
 	// zero provider latency) for nothing: the output is already compact, valid JSON.
 	replyBytes, _ := reply.MarshalJSON()
 	recordBytes, _ := record.MarshalJSON()
-	if limit := r.w.storeLimit(); len(recordBytes) <= limit && len(replyBytes) <= limit {
+	if limit := r.p.storeLimit(); len(recordBytes) <= limit && len(replyBytes) <= limit {
 		// The review item goes first (the reply points at it); one that cannot be stored
 		// changes what the reply says about it. Before it, the answer it shows is kept in the
 		// gate: a delivery that dies after queueing it leaves the next one that answer to
@@ -71,13 +68,13 @@ func (r *run) publish(ctx context.Context, runErr error) error {
 		}
 	}
 	err := r.conclude(ctx, reply.Status, replyBytes, recordBytes, finished, prov)
-	if isTooLarge(err) {
+	if outbox.IsTooLarge(err) {
 		// The outcome cannot be stored as it is: answer that, in a form that can.
 		r.log.Warn().Err(err).Int("record_bytes", len(recordBytes)).Int("reply_bytes", len(replyBytes)).
 			Msg("the run's outcome is too large to store; answering SYS1_REQUEST_TOO_LARGE")
 		r.omitRequest, prov = true, r.provenanceNow()
 		cerr = contract.Errorf(contract.CodeRequestTooLarge, "the run's outcome (a %d-byte record, a %d-byte reply) is over the %d bytes NATS can store (max_payload, SYS1_MAX_MSG_SIZE); the answer could not be kept: send less state or shorter options, or raise both limits",
-			len(recordBytes), len(replyBytes), r.w.storeLimit())
+			len(recordBytes), len(replyBytes), r.p.storeLimit())
 		r.resp = nil
 		reply = r.replyFor(nil, cerr, finished)
 		record = r.recordFor(&reply, finished, prov)
@@ -96,10 +93,10 @@ func (r *run) logFinished(reply *contract.Reply) {
 	r.observeFinished(reply)
 	ev := r.log.Info()
 	if reply.Status == contract.StatusSuccess {
-		r.w.stats.succeeded.Add(1)
+		r.p.stats.succeeded.Add(1)
 		ev = r.log.Debug()
 	} else {
-		r.w.stats.failed.Add(1)
+		r.p.stats.failed.Add(1)
 		ev = ev.Str("error_code", string(reply.Error.Code))
 	}
 	if r.recordID != r.runID {
@@ -112,8 +109,8 @@ func (r *run) logFinished(reply *contract.Reply) {
 
 // conclude stores the outcome, then publishes record and reply.
 func (r *run) conclude(ctx context.Context, status contract.Status, reply, record []byte, finished time.Time, p provenance) error {
-	if limit := r.w.storeLimit(); len(record) > limit || len(reply) > limit {
-		return fmt.Errorf("outcome of %d + %d bytes: %w", len(record), len(reply), errTooLarge)
+	if limit := r.p.storeLimit(); len(record) > limit || len(reply) > limit {
+		return fmt.Errorf("outcome of %d + %d bytes: %w", len(record), len(reply), outbox.ErrTooLarge)
 	}
 	subject := wire.Runs(string(status))
 	if r.state != nil {
@@ -129,9 +126,9 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 			Provider: p.provider, Worker: p.worker, Version: p.version, OmitRequest: r.omitRequest,
 			CostUSD: p.costUSD, CacheHit: p.cacheHit,
 		}
-		err := r.store(ctx, "store the outcome", topology.KVStream(r.w.opt.Topology.RunsBucket), func(ctx context.Context) error {
-			rev, err := r.w.gate.save(ctx, r.runID, &st, r.rev)
-			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		err := r.store(ctx, "store the outcome", topology.KVStream(r.p.topo.RunsBucket), func(ctx context.Context) error {
+			rev, err := r.p.gate.Save(ctx, r.runID, &st, r.rev)
+			if rungate.IsConflict(err) {
 				return r.revisionMoved(ctx)
 			}
 			if err != nil {
@@ -146,7 +143,7 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 		*r.state = st
 	}
 	if err := r.sendRecord(ctx, subject, record, status); err != nil {
-		if _, full := refusedBy(err); full && !r.hold && r.state != nil {
+		if _, full := outbox.RefusedBy(err); full && !r.hold && r.state != nil {
 			// SYS1_RUNS is full: the outcome is stored, so answer now; the delivery is not
 			// acknowledged, and its redelivery writes the record (and, replies being at least
 			// once, sends the same reply again) once there is room.
@@ -183,7 +180,7 @@ func (r *run) heldQuestions() []string {
 // finished the run died after storing it); any other message with the same run id only gets
 // the reply — the record exists, and appending it again would only grow SYS1_RUNS.
 func (r *run) replay(ctx context.Context, st *runState) error {
-	r.w.stats.replayed.Add(1)
+	r.p.stats.replayed.Add(1)
 	status := contract.StatusSuccess
 	if strings.HasSuffix(st.Subject, string(contract.StatusFailed)) {
 		status = contract.StatusFailed
@@ -225,7 +222,7 @@ func (r *run) rebuildRecord(st *runState) ([]byte, error) {
 	r.omitRequest = f.OmitRequest
 	if req, cerr := contract.DecodeRequest(r.msg.Data()); cerr == nil {
 		r.requested = req.Model
-		if resolved, cerr := r.w.opt.ModelPolicy.Resolve(req); cerr == nil {
+		if resolved, cerr := r.p.models.Resolve(req); cerr == nil {
 			r.resolved = resolved
 		}
 	}
@@ -240,154 +237,24 @@ func (r *run) rebuildRecord(st *runState) ([]byte, error) {
 	return b, nil
 }
 
-// sendRecord writes the record to SYS1_RUNS, awaiting the stream's ack. The record id
-// de-duplicates a record written again (store's retries, a replay) within the stream's window.
-func (r *run) sendRecord(ctx context.Context, subject string, record []byte, status contract.Status) error {
-	err := r.store(ctx, "publish the record", r.w.opt.Topology.RunsStream, func(ctx context.Context) error {
-		rm := &nats.Msg{Subject: subject, Data: record, Header: nats.Header{}}
-		rm.Header.Set(wire.HeaderRunID, r.recordID)
-		rm.Header.Set(wire.HeaderStatus, string(status))
-		tracing.Inject(ctx, rm.Header) // the sink links its insert to the run's trace
-		_, err := r.w.opt.JS.PublishMsg(ctx, rm, jetstream.WithMsgID("record:"+r.recordID))
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("publish record: %w", err)
-	}
-	return nil
-}
-
-// sendReply answers the caller's subject: through JetStream under sys1.replies., as plain NATS
-// otherwise.
-func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Status) error {
-	if r.replyTo == "" {
-		return nil
-	}
-	m := &nats.Msg{Subject: r.replyTo, Data: reply, Header: nats.Header{}}
-	m.Header.Set(wire.HeaderRunID, r.runID)
-	m.Header.Set(wire.HeaderStatus, string(status))
-	if status := reviewStatus(reply); status != "" {
-		m.Header.Set(wire.HeaderReview, status) // pending, or reviewed once a held run is released
-	}
-	if status == contract.StatusFailed {
-		var env struct {
-			Error struct {
-				Code string `json:"code"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(reply, &env) == nil && env.Error.Code != "" {
-			m.Header.Set(wire.HeaderErrorCode, env.Error.Code)
-		}
-	}
-	if strings.HasPrefix(r.replyTo, wire.RepliesPrefix) {
-		err := r.store(ctx, "publish the durable reply", r.w.opt.Topology.RepliesStream, func(ctx context.Context) error {
-			_, err := r.w.opt.JS.PublishMsg(ctx, m, jetstream.WithMsgID("reply:"+r.recordID))
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("publish durable reply: %w", err)
-		}
-		return nil
-	}
-	// A plain publish only fails when the connection is closed; while it reconnects nats.go
-	// buffers it.
-	if err := r.w.opt.NC.PublishMsg(m); err != nil {
-		return fmt.Errorf("publish reply: %w", err)
-	}
-	return nil
-}
-
-// reviewStatus is the status of a reply's "review" field (pending, reviewed), or "" without
-// one, read without decoding the reply: replays send stored bytes. The encoder writes
-// "review" as an object whose first member is its status; answers cannot hold that text
-// outside a JSON string, where its quotes would be escaped.
-func reviewStatus(reply []byte) string {
-	for _, status := range []string{contract.ReviewPending, contract.ReviewReviewed, contract.ReviewNotQueued} {
-		if bytes.Contains(reply, []byte(`"review":{"status":"`+status+`"`)) {
-			return status
-		}
-	}
-	return ""
-}
-
-// store runs op, a step that writes the run's outcome into stream, until it succeeds, fails for
-// good, or the store-retry time (SYS1_STORE_RETRY) is spent, keeping the delivery alive with
-// InProgress meanwhile. A store that failed for a moment (a timeout while a stream or the
-// gate's bucket elects a leader, a reconnect) must not throw away an answer the model was
-// already paid for: retried here, the run is stored once; nak'ed, it would be scored again.
-// A failure that retrying cannot fix ends at once: too large, shutdown, and a stream that
-// refuses for want of room or the caller's quota (a *storeRefused; see storage.go), which
-// waiting in place would only turn into a wedge.
-func (r *run) store(ctx context.Context, what, stream string, op func(context.Context) error) error {
-	w := r.w
-	budget := time.Now().Add(w.cfg.StoreRetry)
-	delay := 50 * time.Millisecond
-	// Beat often enough that JetStream never redelivers while we retry.
-	maxDelay := min(2*time.Second, max(w.opt.Topology.AckWait/3, 10*time.Millisecond))
-	for attempt := 1; ; attempt++ {
-		// Each try is bounded well under JetStream's 5 s request timeout: a write to a stream
-		// whose leader just died waits out the whole timeout, and the new leader is usually
-		// there sooner.
-		actx, cancel := context.WithTimeout(ctx, storeAttemptTimeout)
-		err := w.noteStore(stream, op(actx))
-		cancel()
-		if _, refused := refusedBy(err); refused {
-			return err
-		}
-		if err == nil || isTooLarge(err) || errors.Is(err, errRunTaken) || ctx.Err() != nil || !time.Now().Add(delay).Before(budget) {
-			if err != nil && isTooLarge(err) {
-				return fmt.Errorf("%w: %w", errTooLarge, err)
-			}
-			return err
-		}
-		r.log.Warn().Err(err).Int("attempt", attempt).Dur("retry_in", delay).Msg("could not " + what + "; retrying in place")
-		_ = r.msg.InProgress()
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		}
-		delay = min(2*delay, maxDelay)
-	}
-}
-
-// errRunTaken: another delivery took the run over (this one's lease lapsed while the gate
-// could not be reached) or finished it; this delivery's outcome is not stored, and the next
-// delivery answers from the gate.
-var errRunTaken = errors.New("another delivery took the run over; this one's outcome is not stored")
-
 // revisionMoved says what to do when the gate entry moved on under this delivery: if it is
 // still this delivery's (a renewal of its lease whose answer was lost), store again on the new
 // revision; if another delivery took the run over or finished it, errRunTaken.
 func (r *run) revisionMoved(ctx context.Context) error {
-	e, err := r.w.gate.get(ctx, r.state.Key)
+	e, err := r.p.gate.Get(ctx, r.state.Key)
 	if err != nil {
 		return fmt.Errorf("run-id gate: re-read after a revision mismatch: %w", err)
 	}
 	var st runState
-	if err := json.Unmarshal(e.value, &st); err != nil {
+	if err := json.Unmarshal(e.Value, &st); err != nil {
 		return fmt.Errorf("run-id gate: decode entry: %w", err)
 	}
 	if st.Status == runRunning && st.Owner == r.owner {
-		r.rev = e.revision
+		r.rev = e.Revision
 		return errors.New("run-id gate: the entry moved on (this delivery's own lease renewal); storing again")
 	}
 	r.log.Warn().Str("status", st.Status).Str("owner", st.Owner).Msg("another delivery took the run over, or finished it, while this one held an answer; its outcome stands")
-	return errRunTaken
-}
-
-// storeAttemptTimeout bounds one try of store.
-const storeAttemptTimeout = 2 * time.Second
-
-// errTooLarge marks an outcome NATS cannot store: over max_payload, the stream's max message
-// size, or the gate's.
-var errTooLarge = errors.New("too large to store")
-
-func isTooLarge(err error) bool {
-	return err != nil && (errors.Is(err, errTooLarge) || errors.Is(err, nats.ErrMaxPayload) ||
-		errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum))
+	return outbox.Final(errRunTaken)
 }
 
 // saveAttempts persists the attempts so far in the gate, so the next delivery (on any
@@ -397,10 +264,36 @@ func (r *run) saveAttempts(ctx context.Context) error {
 		return nil
 	}
 	r.state.Attempts = r.attempts
-	rev, err := r.w.gate.save(ctx, r.runID, r.state, r.rev)
+	rev, err := r.p.gate.Save(ctx, r.runID, r.state, r.rev)
 	if err != nil {
 		return err
 	}
 	r.rev = rev
 	return nil
 }
+
+// out is the run's writer (publish.go).
+func (r *run) out() outbox.Writer { return r.p.outbox(r.msg, r.log) }
+
+// store retries op in place (outbox.Writer.Store).
+func (r *run) store(ctx context.Context, what, stream string, op func(context.Context) error) error {
+	return r.out().Store(ctx, what, stream, op)
+}
+
+// sendRecord writes the run's record under its record id.
+func (r *run) sendRecord(ctx context.Context, subject string, record []byte, status contract.Status) error {
+	return r.out().Record(ctx, subject, r.recordID, record, status)
+}
+
+// sendReply answers the caller's subject, if it named one.
+func (r *run) sendReply(ctx context.Context, reply []byte, status contract.Status) error {
+	if r.replyTo == "" {
+		return nil
+	}
+	return r.out().Reply(ctx, outbox.RunReply(r.replyTo, r.runID, reply, status), "reply:"+r.recordID)
+}
+
+// errRunTaken: another delivery took the run over (this one's lease lapsed while the gate
+// could not be reached) or finished it; this delivery's outcome is not stored, and the next
+// delivery answers from the gate.
+var errRunTaken = errors.New("another delivery took the run over; this one's outcome is not stored")

@@ -27,15 +27,15 @@ func (r *run) quota(context.Context) error {
 	if err != nil {
 		return nil // admit has judged the subject already
 	}
-	n, over := r.w.overQuota(token)
+	n, over := r.p.room.overQuota(token)
 	if !over {
 		return nil
 	}
-	r.w.metrics.QuotaRefused(metrics.QuotaRequests)
+	r.p.metrics.QuotaRefused(metrics.QuotaRequests)
 	// Recorded under the derived id: the run id was never claimed, and the caller may send
 	// it again once under its quota.
 	r.recordID = r.derived
 	return contract.Errorf(contract.CodeQuotaExceeded,
 		"caller %q has %d requests waiting on subjects other than %s%s (further subject tokens, batches), more than its quota of %d (SYS1_REQUESTS_MAX_PER_CALLER); this one was not run: send fewer at once and try again",
-		token, n, "sys1.decide.", token, r.w.opt.Topology.RequestsPerCaller)
+		token, n, "sys1.decide.", token, r.p.topo.RequestsPerCaller)
 }

@@ -2,11 +2,8 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/worker/rungate"
@@ -65,9 +62,9 @@ func (r *run) keepAnswer(ctx context.Context) error {
 	defer r.leaseMu.Unlock()
 	st := *r.state
 	st.Attempts, st.Answer = r.attempts, answer
-	err = r.store(ctx, "keep the answer before its review", topology.KVStream(r.w.opt.Topology.RunsBucket), func(ctx context.Context) error {
-		rev, err := r.w.gate.save(ctx, r.runID, &st, r.rev)
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+	err = r.store(ctx, "keep the answer before its review", topology.KVStream(r.p.topo.RunsBucket), func(ctx context.Context) error {
+		rev, err := r.p.gate.Save(ctx, r.runID, &st, r.rev)
+		if rungate.IsConflict(err) {
 			return r.revisionMoved(ctx)
 		}
 		if err != nil {

@@ -3,16 +3,17 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/internal/outbox"
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -64,6 +65,11 @@ type fullMark struct {
 
 // storage is what the replica knows of its streams' room, and of callers over their quota.
 type storage struct {
+	// log says when a stream starts and stops refusing; variables name the limit to raise
+	// for each stream (topology.Config.StreamVariables).
+	log       zerolog.Logger
+	variables map[string]string
+
 	mu    sync.Mutex
 	full  map[string]fullMark
 	usage []StreamUsage
@@ -77,32 +83,12 @@ type storage struct {
 	atLimit map[string]int
 }
 
-// storeRefused is a store JetStream refused for want of room (or the caller's quota): retrying
-// in place cannot help.
-type storeRefused struct {
-	stream  string
-	refusal topology.Refusal
-	err     error
-}
-
-func (e *storeRefused) Error() string {
-	return fmt.Sprintf("%s refused the message (%s): %v", e.stream, e.refusal, e.err)
-}
-
-func (e *storeRefused) Unwrap() error { return e.err }
-
-// refusedBy reports the refusal behind err, if any.
-func refusedBy(err error) (*storeRefused, bool) {
-	var r *storeRefused
-	return r, errors.As(err, &r)
-}
-
-// noteStore classifies the outcome of a store into stream: a refusal for room marks the stream
+// Note classifies the outcome of a store into stream (outbox.Room): a refusal for room marks the stream
 // full (and is logged when it starts), a success clears the mark. It returns err, wrapped in a
-// *storeRefused when JetStream refused for room or quota.
-func (w *Worker) noteStore(stream string, err error) error {
+// *outbox.Refused when JetStream refused for room or quota.
+func (s *storage) Note(stream string, err error) error {
 	if err == nil {
-		w.storeOK(stream)
+		s.storeOK(stream)
 		return nil
 	}
 	refusal := topology.Refused(err)
@@ -110,13 +96,12 @@ func (w *Worker) noteStore(stream string, err error) error {
 		return err
 	}
 	if refusal != topology.RefusedQuota {
-		w.markFull(stream, refusal, err)
+		s.markFull(stream, refusal, err)
 	}
-	return &storeRefused{stream: stream, refusal: refusal, err: err}
+	return &outbox.Refused{Stream: stream, Refusal: refusal, Err: err}
 }
 
-func (w *Worker) markFull(stream string, refusal topology.Refusal, err error) {
-	s := &w.storage
+func (s *storage) markFull(stream string, refusal topology.Refusal, err error) {
 	s.mu.Lock()
 	_, was := s.full[stream]
 	if s.full == nil {
@@ -127,8 +112,8 @@ func (w *Worker) markFull(stream string, refusal topology.Refusal, err error) {
 	}
 	s.mu.Unlock()
 	if !was {
-		v := w.opt.Topology.StreamVariables()[stream]
-		ev := w.log.Error().Err(err).Str("stream", stream).Str("refusal", refusal.String())
+		v := s.variables[stream]
+		ev := s.log.Error().Err(err).Str("stream", stream).Str("refusal", refusal.String())
 		if refusal == topology.RefusedStorage {
 			ev.Msg("the NATS server has no storage left for " + stream + "; the worker goes on with what it can (see README, Storage budget)")
 		} else {
@@ -137,20 +122,18 @@ func (w *Worker) markFull(stream string, refusal topology.Refusal, err error) {
 	}
 }
 
-func (w *Worker) storeOK(stream string) {
-	s := &w.storage
+func (s *storage) storeOK(stream string) {
 	s.mu.Lock()
 	_, was := s.full[stream]
 	delete(s.full, stream)
 	s.mu.Unlock()
 	if was {
-		w.log.Warn().Str("stream", stream).Msg("stream " + stream + " takes messages again")
+		s.log.Warn().Str("stream", stream).Msg("stream " + stream + " takes messages again")
 	}
 }
 
 // isFull reports whether stream refuses new messages, as far as this replica knows.
-func (w *Worker) isFull(stream string) bool {
-	s := &w.storage
+func (s *storage) isFull(stream string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok := s.full[stream]
@@ -324,8 +307,7 @@ func (w *Worker) QuotaAtLimit() map[string]int {
 // subjects, is to be refused: the caller held more there than its quota at the last reading,
 // and fewer of the excess have been refused since than it held over. It also returns what the
 // caller held.
-func (w *Worker) overQuota(token string) (uint64, bool) {
-	s := &w.storage
+func (s *storage) overQuota(token string) (uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.excess[token] <= 0 {

@@ -32,11 +32,15 @@ import (
 	"github.com/sys1hq/sys1/worker/budget"
 	"github.com/sys1hq/sys1/worker/cache"
 	"github.com/sys1hq/sys1/worker/calibration"
+	"github.com/sys1hq/sys1/worker/internal/deadletter"
+	"github.com/sys1hq/sys1/worker/internal/holds"
+	"github.com/sys1hq/sys1/worker/internal/labelcheck"
 	"github.com/sys1hq/sys1/worker/limits"
 	"github.com/sys1hq/sys1/worker/livefile"
 	"github.com/sys1hq/sys1/worker/metrics"
 	"github.com/sys1hq/sys1/worker/pause"
 	"github.com/sys1hq/sys1/worker/policy"
+	"github.com/sys1hq/sys1/worker/rungate"
 	"github.com/sys1hq/sys1/worker/startup"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -123,9 +127,15 @@ type Worker struct {
 	// seen missing, and the last attempt to recreate it.
 	repairPending            bool
 	missingSince, lastRepair time.Time
-	gate                     gate
-	log                      zerolog.Logger
-	stats                    stats
+	gate                     rungate.Gate
+	// pipe is what the runs' stages use (pipeline.go), built once the topology is in place;
+	// holds releases held replies as reviewers' labels arrive (holds.go).
+	pipe   *pipeline
+	holds  *holds.Releaser
+	labels *labelcheck.Checker
+	dead   *deadletter.Answerer
+	log    zerolog.Logger
+	stats  stats
 	// chain is the providers. Each link's limiter bounds its calls in flight to Concurrency.
 	// The pull loop admits twice as many messages, so the runs waiting for a slot have already
 	// been claimed and validated, and the runs past their call store and publish their
@@ -178,6 +188,7 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 		}
 	}()
 	w.log = opt.Logger.With().Str("worker", cfg.ID).Logger()
+	w.storage.log, w.storage.variables = w.log, opt.Topology.StreamVariables()
 	ch, err := w.buildChain()
 	if err != nil {
 		return nil, err
@@ -202,6 +213,15 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 		w.log.Warn().Int("max_ack_pending", opt.Topology.MaxAckPending).Int("concurrency", cfg.Concurrency).
 			Msg("SYS1_MAX_ACK_PENDING is below twice this replica's concurrency (a replica holds up to 2 × SYS1_CONCURRENCY messages); it caps each request consumer across replicas, so raise it to at least 2 × replicas × SYS1_CONCURRENCY")
 	}
+	w.pipe = w.newPipeline()
+	retry := func(n int) time.Duration { return w.cfg.retry().Delay(n, 0) }
+	w.holds = &holds.Releaser{Gate: w.gate, Out: w.pipe.out, Log: w.log, Retry: retry}
+	w.labels = &labelcheck.Checker{Auth: w.opt.Auth, Gate: w.gate, Out: w.pipe.out, Log: w.log,
+		AllowAnyInbox: w.cfg.AllowAnyInbox, MaxDeliver: w.opt.Topology.ConsumerMaxDeliver, Retry: retry,
+		RunIDTTL: w.opt.Topology.RunIDTTL, LabelsStream: w.opt.Topology.LabelsStream, RejectedMaxAge: w.opt.Topology.RejectedLabelsMaxAge}
+	w.dead = &deadletter.Answerer{RequestsStream: w.opt.Topology.RequestsStream,
+		Requests: func() deadletter.Stream { return w.requests }, Handle: w.handle,
+		RetryBase: w.cfg.RetryBase, Log: w.log, Answered: func() { w.stats.deadLetters.Add(1) }}
 	ok = true
 	return w, nil
 }
@@ -265,7 +285,7 @@ func (w *Worker) ensure(ctx context.Context) error {
 	epoch := streamEpoch(requests.CachedInfo().Created)
 	w.requestsEpoch.Store(&epoch)
 	if w.requests == nil {
-		w.requests, w.gate = requests, gate{kv: kv, js: w.opt.JS, bucket: w.opt.Topology.RunsBucket}
+		w.requests, w.gate = requests, newGate(w.opt.JS, kv, w.opt.Topology.RunsBucket)
 	}
 	w.cons, w.batchCons = cons, batchCons
 	return nil
@@ -378,20 +398,6 @@ func (w *Worker) topologyGone(ctx context.Context) bool {
 		return errors.Is(err, jetstream.ErrStreamNotFound)
 	}
 	return topology.ConsumerGone(ctx, w.opt.JS, w.opt.Topology.RequestsStream, w.opt.Topology.WorkerConsumer)
-}
-
-// storeHeadroom is what a stored message needs beyond its body: headers (run id, status,
-// Nats-Msg-Id) and the protocol's framing.
-const storeHeadroom = 2 << 10
-
-// storeLimit is the largest body this replica can store: a record in SYS1_RUNS, a reply, a
-// gate entry. The smaller of the server's max_payload and the streams' max message size.
-func (w *Worker) storeLimit() int {
-	limit := int64(w.opt.Topology.MaxMsgSize)
-	if mp := w.opt.NC.MaxPayload(); mp > 0 && mp < limit {
-		limit = mp
-	}
-	return int(max(limit-storeHeadroom, 1024))
 }
 
 // ID is the replica id written into run records.

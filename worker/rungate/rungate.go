@@ -1,8 +1,9 @@
-// Package rungate is the run-id gate's data: the value of each entry of the KV bucket
-// sys1-runs (which caller owns a run, its attempts so far and, once finished, its stored
-// outcome), the keys runs and batch manifests live under, and a batch's manifest. The worker
-// keeps the gate (compare-and-set on these entries); sys1 batch status reads them. Both name
-// them from here, so neither re-declares the other's format.
+// Package rungate is the run-id gate: the KV bucket sys1-runs, one entry per run id, saying
+// which verified caller owns the run, its attempts so far and, once finished, its stored
+// outcome. It holds the entries' format (State), the keys runs and batch manifests live under,
+// and Gate, whose compare-and-set transitions (Claim, Save, Lookup, KeepManifest) the worker
+// runs on them. sys1 batch status reads the same entries; both name them from here, so
+// neither re-declares the other's format.
 package rungate
 
 import (
