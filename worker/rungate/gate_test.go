@@ -37,8 +37,7 @@ func TestClaimTellsEveryCaseApart(t *testing.T) {
 	step(claimant("r1", "mallory", 12, "d4"), rungate.ClaimConflict)
 
 	st.Owner, st.LeaseUntil = "", time.Time{} // the delivery was handed back
-	rev, err := g.Save(ctx, "r1", st, rev)
-	if err != nil {
+	if _, err := g.Save(ctx, "r1", st, rev); err != nil {
 		t.Fatal(err)
 	}
 	st, rev = step(claimant("r1", "acme", 10, "d5"), rungate.ClaimRedelivery)

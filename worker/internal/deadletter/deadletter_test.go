@@ -39,8 +39,10 @@ type advisory struct {
 	delay time.Duration
 }
 
-func (a *advisory) Data() []byte      { return []byte(a.data) }
-func (a *advisory) Subject() string   { return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SYS1_REQUESTS.c" }
+func (a *advisory) Data() []byte { return []byte(a.data) }
+func (a *advisory) Subject() string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SYS1_REQUESTS.c"
+}
 func (a *advisory) Ack() error        { a.ended = "ack"; return nil }
 func (a *advisory) Term() error       { a.ended = "term"; return nil }
 func (a *advisory) InProgress() error { return nil }
