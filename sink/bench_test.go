@@ -30,7 +30,7 @@ func BenchmarkSink(b *testing.B) {
 	})
 	b.Run("bare_insert", func(b *testing.B) {
 		e := newEnv(b, nil)
-		s, err := New(e.js, e.db.Conn, e.topo, e.cfg, testLogger(b))
+		s, err := New(e.cfg, Deps{JS: e.js, ClickHouse: e.db.Conn, Topology: e.topo, Log: testLogger(b)})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -110,7 +110,7 @@ func (e *testEnv) startSink(tb testing.TB, cfg Config, hook func(s *Sink)) *runn
 		tb.Fatal(err)
 	}
 	_, js := connectJS(tb, e.srv)
-	s, err := New(js, conn, e.topo, cfg, zerolog.New(zerolog.NewTestWriter(tb)).Level(zerolog.WarnLevel))
+	s, err := New(cfg, Deps{JS: js, ClickHouse: conn, Topology: e.topo, Log: zerolog.New(zerolog.NewTestWriter(tb)).Level(zerolog.WarnLevel)})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -149,9 +149,21 @@ type LabelStats struct {
 	LastError      string
 }
 
-// New checks the configuration and returns a Sink; it does no I/O. conn must reach a
-// database migrated with Migrate.
-func New(js jetstream.JetStream, conn driver.Conn, topo topology.Config, cfg Config, logger zerolog.Logger) (*Sink, error) {
+// Deps are the sink's collaborators.
+type Deps struct {
+	// JS reads the run records and labels; ClickHouse must reach a database migrated with
+	// Migrate. Both are required.
+	JS         jetstream.JetStream
+	ClickHouse driver.Conn
+	// Topology names the streams and the sink's consumers (topology.Default() unless the
+	// deployment renamed them).
+	Topology topology.Config
+	Log      zerolog.Logger
+}
+
+// New checks the configuration and returns a Sink; it does no I/O.
+func New(cfg Config, deps Deps) (*Sink, error) {
+	js, conn, topo, logger := deps.JS, deps.ClickHouse, deps.Topology, deps.Log
 	if js == nil || conn == nil {
 		return nil, errors.New("sink: a JetStream context and a ClickHouse connection are required")
 	}

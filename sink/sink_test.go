@@ -163,7 +163,7 @@ func TestSinkCrashAfterInsertBeforeAck(t *testing.T) {
 // (insert_deduplication_token), not only under FINAL.
 func TestInsertRetryIsDeduplicated(t *testing.T) {
 	e := newEnv(t, nil)
-	s, err := New(e.js, e.db.Conn, e.topo, e.cfg, testLogger(t))
+	s, err := New(e.cfg, Deps{JS: e.js, ClickHouse: e.db.Conn, Topology: e.topo, Log: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ func BenchmarkPipeline(b *testing.B) {
 		// The real Ollama adapter over loopback HTTP to the fake: adds the HTTP round trip.
 		{"ollama-fake", func(b *testing.B) provider.Provider {
 			fake := ollamatest.New(b, ollamatest.WithRecordLimit(0))
-			p, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "30000"}, ollama.WithMaxConns(64), ollama.WithLogger(zerolog.Nop()))
+			p, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "30000", MaxConns: 64}, ollama.Deps{Log: zerolog.Nop()})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -88,7 +88,7 @@ func BenchmarkObservability(b *testing.B) {
 	} {
 		b.Run("tracing="+bc.name, func(b *testing.B) {
 			fake := ollamatest.New(b, ollamatest.WithRecordLimit(0))
-			p, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "30000"}, ollama.WithMaxConns(64), ollama.WithLogger(zerolog.Nop()))
+			p, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "30000", MaxConns: 64}, ollama.Deps{Log: zerolog.Nop()})
 			if err != nil {
 				b.Fatal(err)
 			}

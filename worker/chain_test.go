@@ -16,7 +16,7 @@ import (
 // server that runs nimble as jev-1.13.0.
 func (h *harness) chainOf(hosted *systemonetest.Server, failures int) func(*replicaOpts) {
 	h.t.Helper()
-	p, err := systemone.New(systemone.Config{BaseURL: hosted.URL(), APIKey: contract.Secret(hosted.Key()), Timeout: 5 * time.Second}, systemone.WithLogger(h.logger()))
+	p, err := systemone.New(systemone.Config{BaseURL: hosted.URL(), APIKey: contract.Secret(hosted.Key()), Timeout: 5 * time.Second}, systemone.Deps{Log: h.logger()})
 	if err != nil {
 		h.t.Fatal(err)
 	}

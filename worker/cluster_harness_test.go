@@ -82,7 +82,7 @@ func newClusterHarness(t *testing.T, nodes nodeSet, testNode int) *clusterHarnes
 	// Every call is recorded, so each run's calls can be counted; a little latency keeps calls
 	// in flight whenever a node fails.
 	h.fake = ollamatest.New(t, ollamatest.WithLatency(5*time.Millisecond), ollamatest.WithRecordLimit(1<<16))
-	p, err := ollama.New(ollama.Config{BaseURL: h.fake.URL(), TimeoutMS: "10000"}, ollama.WithMaxConns(64), ollama.WithLogger(h.logger()))
+	p, err := ollama.New(ollama.Config{BaseURL: h.fake.URL(), TimeoutMS: "10000", MaxConns: 64}, ollama.Deps{Log: h.logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

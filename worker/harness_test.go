@@ -163,7 +163,7 @@ func (h *harness) ollama(timeout time.Duration) provider.Provider {
 
 func (h *harness) ollamaAt(url string, timeout time.Duration) provider.Provider {
 	h.t.Helper()
-	p, err := ollama.New(ollama.Config{BaseURL: url, TimeoutMS: strconv.Itoa(int(timeout / time.Millisecond)), APIKey: ollama.Secret(h.apiKey)}, ollama.WithMaxConns(64), ollama.WithLogger(h.logger()))
+	p, err := ollama.New(ollama.Config{BaseURL: url, TimeoutMS: strconv.Itoa(int(timeout / time.Millisecond)), APIKey: ollama.Secret(h.apiKey), MaxConns: 64}, ollama.Deps{Log: h.logger()})
 	if err != nil {
 		h.t.Fatalf("ollama adapter: %v", err)
 	}

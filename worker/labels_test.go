@@ -150,7 +150,7 @@ func (h *harness) labelSink() *chtest.DB {
 		cancel()
 		h.t.Fatal(err)
 	}
-	s, err := sink.New(js, conn, h.topo, cfg, zerolog.New(h.logs).Level(zerolog.WarnLevel))
+	s, err := sink.New(cfg, sink.Deps{JS: js, ClickHouse: conn, Topology: h.topo, Log: zerolog.New(h.logs).Level(zerolog.WarnLevel)})
 	if err != nil {
 		cancel()
 		h.t.Fatal(err)

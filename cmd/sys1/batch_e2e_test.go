@@ -82,7 +82,7 @@ func startWorkersWith(t *testing.T, replicas int, latency time.Duration, configu
 		}
 	})
 	fake := ollamatest.New(t, ollamatest.WithLatency(latency))
-	p, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "10000"}, ollama.WithMaxConns(64))
+	p, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "10000", MaxConns: 64}, ollama.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}

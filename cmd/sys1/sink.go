@@ -89,7 +89,7 @@ func runSink(ctx context.Context, args []string, _, stderr io.Writer) int {
 	}
 	defer conn.Close()
 
-	s, err := sink.New(nc.JS, conn, topo, cfg, log)
+	s, err := sink.New(cfg, sink.Deps{JS: nc.JS, ClickHouse: conn, Topology: topo, Log: log})
 	if err != nil {
 		log.Error().Err(err).Msg("cannot start the sink")
 		return exitUsage

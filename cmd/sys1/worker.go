@@ -269,7 +269,7 @@ func runInProcessSink(ctx context.Context, s *workerSettings, conn *natsconn.Con
 		return
 	}
 	defer ch.Close()
-	sk, err := sink.New(conn.JS, ch, s.topo, s.sink, log)
+	sk, err := sink.New(s.sink, sink.Deps{JS: conn.JS, ClickHouse: ch, Topology: s.topo, Log: log})
 	if err != nil {
 		log.Error().Err(err).Msg("cannot start the in-process sink")
 		return

@@ -91,7 +91,7 @@ func TestPermissionsForLabelsAndReview(t *testing.T) {
 		t.Fatal(err)
 	}
 	fake := ollamatest.New(t)
-	prov, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "5000"})
+	prov, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "5000"}, ollama.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,7 @@ func startFleet(t *testing.T) *fleet {
 
 	fake := ollamatest.New(t, ollamatest.WithLatency(5*time.Millisecond))
 	fake.FailIf(func(b []byte) bool { return bytes.Contains(b, []byte("always-500")) }, ollamatest.Fault{Status: 500})
-	prov, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "30000"}, ollama.WithMaxConns(8), ollama.WithLogger(log))
+	prov, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "30000", MaxConns: 8}, ollama.Deps{Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func startFleet(t *testing.T) *fleet {
 		t.Fatal(err)
 	}
 	_, sjs := connect("sink")
-	sk, err := sink.New(sjs, conn, topo, cfg, log)
+	sk, err := sink.New(cfg, sink.Deps{JS: sjs, ClickHouse: conn, Topology: topo, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}

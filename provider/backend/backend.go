@@ -416,14 +416,8 @@ func (c *Config) build(kind, model string, deps Deps) (provider.Provider, map[st
 		return simulator.New(latency), map[string]string{"latency_ms": strconv.FormatInt(latency.Milliseconds(), 10)}, nil
 	case KindSystemOne:
 		sc, _ := c.systemOne(false)
-		opts := []systemone.Option{systemone.WithLogger(deps.Logger), systemone.WithModel(model)}
-		if deps.Concurrency > 0 {
-			opts = append(opts, systemone.WithMaxConns(deps.Concurrency))
-		}
-		if deps.HTTPClient != nil {
-			opts = append(opts, systemone.WithHTTPClient(deps.HTTPClient))
-		}
-		p, err := systemone.New(sc, opts...)
+		sc.Model, sc.MaxConns = model, deps.Concurrency
+		p, err := systemone.New(sc, systemone.Deps{Log: deps.Logger, HTTPClient: deps.HTTPClient})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -437,17 +431,9 @@ func (c *Config) build(kind, model string, deps Deps) (provider.Provider, map[st
 		}
 		return p, settings, nil
 	default:
-		opts := []ollama.Option{ollama.WithLogger(deps.Logger)}
-		if model != "" {
-			opts = append(opts, ollama.WithModel(model))
-		}
-		if deps.Concurrency > 0 {
-			opts = append(opts, ollama.WithMaxConns(deps.Concurrency))
-		}
-		if deps.HTTPClient != nil {
-			opts = append(opts, ollama.WithHTTPClient(deps.HTTPClient))
-		}
-		p, err := ollama.New(c.Ollama, opts...)
+		oc := c.Ollama
+		oc.Model, oc.MaxConns = model, deps.Concurrency
+		p, err := ollama.New(oc, ollama.Deps{Log: deps.Logger, HTTPClient: deps.HTTPClient})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -44,7 +44,7 @@ func request(t testing.TB, model string) *contract.Request {
 
 func ollamaAt(t testing.TB, base string, timeout string) *ollama.Client {
 	t.Helper()
-	c, err := ollama.New(ollama.Config{BaseURL: base, TimeoutMS: timeout})
+	c, err := ollama.New(ollama.Config{BaseURL: base, TimeoutMS: timeout}, ollama.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,9 +52,14 @@ func ollamaAt(t testing.TB, base string, timeout string) *ollama.Client {
 	return c
 }
 
-func systemoneAt(t testing.TB, srv *systemonetest.Server, opts ...systemone.Option) *systemone.Client {
+// systemoneAt is a systemone client of srv; model, when given, is the one its probe looks for.
+func systemoneAt(t testing.TB, srv *systemonetest.Server, model ...string) *systemone.Client {
 	t.Helper()
-	c, err := systemone.New(systemone.Config{BaseURL: srv.URL(), APIKey: contract.Secret(srv.Key()), Timeout: 5 * time.Second}, opts...)
+	cfg := systemone.Config{BaseURL: srv.URL(), APIKey: contract.Secret(srv.Key()), Timeout: 5 * time.Second}
+	if len(model) > 0 {
+		cfg.Model = model[0]
+	}
+	c, err := systemone.New(cfg, systemone.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +199,7 @@ func TestAPermanentErrorStopsTheChain(t *testing.T) {
 // the next provider answers.
 func TestAConfigurationFaultFallsBack(t *testing.T) {
 	hosted := systemonetest.New(t, systemonetest.WithAPIKey("the-right-key"))
-	wrongKey, err := systemone.New(systemone.Config{BaseURL: hosted.URL(), APIKey: "an-old-key"})
+	wrongKey, err := systemone.New(systemone.Config{BaseURL: hosted.URL(), APIKey: "an-old-key"}, systemone.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -594,7 +599,7 @@ func TestHealthStatuses(t *testing.T) {
 	clock := newClock()
 	c := newChain(t, chain.Config{BreakerFailures: 1, Clock: clock},
 		chain.Link{Provider: ollamaAt(t, local.URL(), "2000")},
-		chain.Link{Provider: systemoneAt(t, hosted, systemone.WithModel("jev-1.13.0")), Models: models(t, "nimble=jev-1.13.0")},
+		chain.Link{Provider: systemoneAt(t, hosted, "jev-1.13.0"), Models: models(t, "nimble=jev-1.13.0")},
 	)
 	if h := c.Health(); h.Status != chain.StatusDown || h.Providers[0].Detail != "not probed yet" {
 		t.Fatalf("before any probe: %+v", h)
@@ -670,7 +675,7 @@ func TestNoSecretOrHostInDescribeHealthOrAttempts(t *testing.T) {
 	local := ollamatest.New(t)
 	var logs syncBuffer
 	log := zerolog.New(&logs)
-	sys, err := systemone.New(systemone.Config{BaseURL: hosted.URL(), APIKey: key, ProbePath: "/health"})
+	sys, err := systemone.New(systemone.Config{BaseURL: hosted.URL(), APIKey: key, ProbePath: "/health"}, systemone.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,44 +72,29 @@ type Client struct {
 	refresh   sync.Mutex        // one /api/tags read at a time for ModelDigest
 }
 
-// Option configures a Client.
-type Option func(*options)
-
-type options struct {
-	model    string
-	maxConns int
-	log      zerolog.Logger
-	client   *http.Client
+// Deps are the adapter's collaborators; the zero value is usable.
+type Deps struct {
+	// Log gets debug lines only, never request content, response content or the API key;
+	// zero: none.
+	Log zerolog.Logger
+	// HTTPClient replaces the HTTP client (tests). Its redirect policy is overridden: the
+	// adapter never follows redirects.
+	HTTPClient *http.Client
 }
 
-// WithModel sets the default model (SYS1_MODEL) that Probe looks for.
-func WithModel(model string) Option { return func(o *options) { o.model = model } }
-
-// WithMaxConns sizes the keep-alive pool; pass the worker's concurrency so every in-flight
-// call can reuse a warm connection.
-func WithMaxConns(n int) Option { return func(o *options) { o.maxConns = n } }
-
-// WithLogger sets the logger. The adapter logs at debug level only and never logs request
-// content, response content or the API key.
-func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.log = l } }
-
-// WithHTTPClient replaces the HTTP client (tests). Its redirect policy is overridden: the
-// adapter never follows redirects.
-func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.client = c } }
-
 // New builds the adapter. A bad configuration returns an error naming every bad variable.
-func New(cfg Config, opts ...Option) (*Client, error) {
+func New(cfg Config, deps Deps) (*Client, error) {
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("ollama provider: %w", errors.Join(errs...))
 	}
 	u, _ := cfg.parseBaseURL()
 	timeout, _ := cfg.timeout()
-	o := options{model: DefaultModel, maxConns: 16, log: zerolog.Nop()}
-	for _, opt := range opts {
-		opt(&o)
+	model, maxConns := cfg.Model, cfg.MaxConns
+	if model == "" {
+		model = DefaultModel
 	}
-	if o.maxConns < 1 {
-		o.maxConns = 1
+	if maxConns < 1 {
+		maxConns = DefaultMaxConns
 	}
 	base := u.String()
 	display := upstream.DisplayURL(u)
@@ -121,9 +106,9 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 		apiKey:   cfg.APIKey,
 		redact:   []string{display, u.Host},
 		timeout:  timeout,
-		model:    o.model,
-		http:     upstream.NewHTTPClient(o.client, o.maxConns),
-		log:      o.log.With().Str("provider", Name).Logger(),
+		model:    model,
+		http:     upstream.NewHTTPClient(deps.HTTPClient, maxConns),
+		log:      deps.Log.With().Str("provider", Name).Logger(),
 		now:      time.Now,
 	}, nil
 }

@@ -31,7 +31,15 @@ type Config struct {
 	APIKey Secret `env:"SYS1_OLLAMA_API_KEY"`
 	// TimeoutMS bounds one provider call, in milliseconds; empty means 30000.
 	TimeoutMS string `env:"SYS1_TIMEOUT_MS" envDefault:"30000"`
+	// Model is the default model (SYS1_MODEL) Probe looks for; empty: DefaultModel.
+	Model string
+	// MaxConns sizes the keep-alive pool: the worker's concurrency, so every call in flight
+	// can reuse a warm connection; zero: DefaultMaxConns.
+	MaxConns int
 }
+
+// DefaultMaxConns is the keep-alive pool's size when Config.MaxConns is not set.
+const DefaultMaxConns = 16
 
 // Secret is the one secret type of sys1's configuration: it never prints (see
 // contract.Secret).

@@ -80,7 +80,7 @@ func TestBaseURLDefaultsToLocalOllama(t *testing.T) {
 			t.Errorf("%+v: %v", tc.cfg, errs)
 			continue
 		}
-		c, err := New(tc.cfg)
+		c, err := New(tc.cfg, Deps{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +93,7 @@ func TestBaseURLDefaultsToLocalOllama(t *testing.T) {
 // Upstream text producers see loses the base URL and host as well as the key: a proxy's
 // error page often names the backend it could not reach.
 func TestUpstreamTextRedactsTheHost(t *testing.T) {
-	c, err := New(Config{BaseURL: "http://ollama.internal:11434/"})
+	c, err := New(Config{BaseURL: "http://ollama.internal:11434/"}, Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestUpstreamTextRedactsTheHost(t *testing.T) {
 // once the TTL has passed, and concurrent lookups share one read.
 func TestModelDigestFollowsAReplacedModel(t *testing.T) {
 	srv := ollamatest.New(t, ollamatest.WithModels("nimble:latest"))
-	c, err := New(Config{BaseURL: srv.URL()})
+	c, err := New(Config{BaseURL: srv.URL()}, Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}

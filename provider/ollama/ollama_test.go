@@ -40,13 +40,17 @@ func resolved(t testing.TB, body, keepAlive string) *contract.Request {
 	return out
 }
 
-func newClient(t testing.TB, base string, cfg ollama.Config, opts ...ollama.Option) *ollama.Client {
+func newClient(t testing.TB, base string, cfg ollama.Config, deps ...ollama.Deps) *ollama.Client {
 	t.Helper()
 	cfg.BaseURL = base
 	if cfg.TimeoutMS == "" {
 		cfg.TimeoutMS = "5000"
 	}
-	c, err := ollama.New(cfg, opts...)
+	var d ollama.Deps
+	if len(deps) > 0 {
+		d = deps[0]
+	}
+	c, err := ollama.New(cfg, d)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -209,7 +213,7 @@ func TestErrorTable(t *testing.T) {
 
 func TestRedirectsAreNotFollowedEvenWithACustomHTTPClient(t *testing.T) {
 	srv := ollamatest.New(t)
-	c := newClient(t, srv.URL(), ollama.Config{}, ollama.WithHTTPClient(&http.Client{}))
+	c := newClient(t, srv.URL(), ollama.Config{}, ollama.Deps{HTTPClient: &http.Client{}})
 	srv.Fail(1, ollamatest.Redirect(http.StatusMovedPermanently, srv.URL()+"/v1/systemone"))
 	_, err := c.Evaluate(context.Background(), resolved(t, ordered, ""))
 	if e, ok := contract.AsError(err); !ok || e.Code != contract.CodeUpstreamError || srv.Calls() != 1 {
@@ -220,7 +224,7 @@ func TestRedirectsAreNotFollowedEvenWithACustomHTTPClient(t *testing.T) {
 func TestHugeErrorBodyIsBounded(t *testing.T) {
 	srv := ollamatest.New(t)
 	var logs bytes.Buffer
-	c := newClient(t, srv.URL(), ollama.Config{}, ollama.WithLogger(zerolog.New(&logs)))
+	c := newClient(t, srv.URL(), ollama.Config{}, ollama.Deps{Log: zerolog.New(&logs)})
 	srv.Fail(1, ollamatest.Body(400, "text/plain", strings.Repeat("context overflow ", 1<<16)))
 	_, err := c.Evaluate(context.Background(), resolved(t, ordered, ""))
 	e, ok := contract.AsError(err)
@@ -239,7 +243,7 @@ func TestHugeErrorBodyIsBounded(t *testing.T) {
 func TestUpstreamErrorBodiesGoToTheLogOnly(t *testing.T) {
 	srv := ollamatest.New(t)
 	var logs bytes.Buffer
-	c := newClient(t, srv.URL(), ollama.Config{}, ollama.WithLogger(zerolog.New(&logs)))
+	c := newClient(t, srv.URL(), ollama.Config{}, ollama.Deps{Log: zerolog.New(&logs)})
 	leak := "db at 10.1.2.3:5432 secret-host.internal.corp failed"
 	srv.Fail(1, ollamatest.Body(500, "application/json", `{"error":"`+leak+`"}`))
 	_, err := c.Evaluate(context.Background(), resolved(t, ordered, ""))
@@ -365,7 +369,7 @@ func TestAPIKeyIsSentAndNeverLeaks(t *testing.T) {
 	srv := ollamatest.New(t, ollamatest.WithAPIKey(key))
 	var logs bytes.Buffer
 	log := zerolog.New(&logs).Level(zerolog.TraceLevel)
-	c := newClient(t, srv.URL(), ollama.Config{APIKey: ollama.Secret(key), TimeoutMS: "200"}, ollama.WithLogger(log))
+	c := newClient(t, srv.URL(), ollama.Config{APIKey: ollama.Secret(key), TimeoutMS: "200"}, ollama.Deps{Log: log})
 	req := resolved(t, ordered, "")
 
 	var seen []string
@@ -429,7 +433,7 @@ func TestAPIKeyIsSentAndNeverLeaks(t *testing.T) {
 func TestProbe(t *testing.T) {
 	t.Run("healthy", func(t *testing.T) {
 		srv := ollamatest.New(t, ollamatest.WithModels("nimble:latest", "clef:cloud"))
-		c := newClient(t, srv.URL(), ollama.Config{}, ollama.WithModel("nimble"))
+		c := newClient(t, srv.URL(), ollama.Config{Model: "nimble"})
 		res := c.Probe(context.Background())
 		if !res.Healthy() || res.Version != ollamatest.DefaultVersion || len(res.Problems) != 0 {
 			t.Fatalf("probe = %+v", res)
@@ -466,7 +470,7 @@ func TestProbe(t *testing.T) {
 	} {
 		t.Run("model "+m.want+" among "+m.pulled, func(t *testing.T) {
 			srv := ollamatest.New(t, ollamatest.WithModels(m.pulled))
-			res := newClient(t, srv.URL(), ollama.Config{}, ollama.WithModel(m.want)).Probe(context.Background())
+			res := newClient(t, srv.URL(), ollama.Config{Model: m.want}).Probe(context.Background())
 			if res.ModelPresent != m.present || !res.Reachable || !res.VersionOK {
 				t.Fatalf("probe = %+v, want ModelPresent %v", res, m.present)
 			}
@@ -518,7 +522,7 @@ func TestConfigValidation(t *testing.T) {
 				t.Errorf("%s: %q lacks %q", tc.name, msg, w)
 			}
 		}
-		if _, err := ollama.New(tc.cfg); err == nil {
+		if _, err := ollama.New(tc.cfg, ollama.Deps{}); err == nil {
 			t.Errorf("%s: New accepted it", tc.name)
 		}
 	}
@@ -541,7 +545,7 @@ func TestConfigValidation(t *testing.T) {
 
 func TestBaseURLPrefixAndFallback(t *testing.T) {
 	srv := ollamatest.New(t)
-	c, err := ollama.New(ollama.Config{APIURL: srv.URL() + "/", TimeoutMS: "5000"})
+	c, err := ollama.New(ollama.Config{APIURL: srv.URL() + "/", TimeoutMS: "5000"}, ollama.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -569,7 +573,7 @@ func TestZeroClientIsNotConfigured(t *testing.T) {
 
 func BenchmarkEvaluate(b *testing.B) {
 	srv := ollamatest.New(b, ollamatest.WithRecordLimit(0))
-	c := newClient(b, srv.URL(), ollama.Config{}, ollama.WithMaxConns(4))
+	c := newClient(b, srv.URL(), ollama.Config{MaxConns: 4})
 	req := resolved(b, ordered, "5m")
 	ctx := context.Background()
 	b.ReportAllocs()
@@ -585,7 +589,7 @@ func BenchmarkEvaluate(b *testing.B) {
 func TestKeepAlivePoolReusesConnections(t *testing.T) {
 	const concurrency = 8
 	srv := ollamatest.New(t, ollamatest.WithRecordLimit(0), ollamatest.WithLatency(20*time.Millisecond))
-	c := newClient(t, srv.URL(), ollama.Config{}, ollama.WithMaxConns(concurrency))
+	c := newClient(t, srv.URL(), ollama.Config{MaxConns: concurrency})
 	req := resolved(t, ordered, "")
 	const rounds = 4
 	for r := 0; r < rounds; r++ {
@@ -617,7 +621,7 @@ func TestErrorsNameNoHostButTheLogDoes(t *testing.T) {
 	srv := ollamatest.New(t)
 	var logs bytes.Buffer
 	log := zerolog.New(&logs).Level(zerolog.InfoLevel)
-	c := newClient(t, srv.URL(), ollama.Config{TimeoutMS: "100"}, ollama.WithLogger(log))
+	c := newClient(t, srv.URL(), ollama.Config{TimeoutMS: "100"}, ollama.Deps{Log: log})
 	host := strings.TrimPrefix(srv.URL(), "http://")
 	req := resolved(t, ordered, "")
 	faults := []ollamatest.Fault{
@@ -640,7 +644,7 @@ func TestErrorsNameNoHostButTheLogDoes(t *testing.T) {
 	closed := ollamatest.NewServer()
 	closedHost := strings.TrimPrefix(closed.URL(), "http://")
 	closed.Close()
-	down := newClient(t, closed.URL(), ollama.Config{}, ollama.WithLogger(log))
+	down := newClient(t, closed.URL(), ollama.Config{}, ollama.Deps{Log: log})
 	_, err := down.Evaluate(context.Background(), req)
 	if e, ok := contract.AsError(err); !ok || e.Code != contract.CodeProviderUnavailable || e.Message != "[SYS1_PROVIDER_UNAVAILABLE] ollama is unavailable: the connection was refused" {
 		t.Fatalf("got %v", err)

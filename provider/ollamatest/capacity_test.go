@@ -164,7 +164,7 @@ func TestCapacityMaxQueueAnswers503LikeOllama(t *testing.T) {
 
 	// The third goes through the real adapter: a 503 is SYS1_PROVIDER_BUSY, retryable.
 	var logs bytes.Buffer
-	c, err := ollama.New(ollama.Config{BaseURL: srv.URL(), TimeoutMS: "5000"}, ollama.WithLogger(zerolog.New(&logs)))
+	c, err := ollama.New(ollama.Config{BaseURL: srv.URL(), TimeoutMS: "5000"}, ollama.Deps{Log: zerolog.New(&logs)})
 	if err != nil {
 		t.Fatal(err)
 	}

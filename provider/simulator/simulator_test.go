@@ -67,7 +67,7 @@ func TestSimulatorAnswersDeterministicallyAndSaysSo(t *testing.T) {
 // answers from both (only usage, an estimate, may differ).
 func TestSimulatorMatchesTheFakeOllama(t *testing.T) {
 	srv := ollamatest.New(t, ollamatest.WithModels("clef"))
-	c, err := ollama.New(ollama.Config{BaseURL: srv.URL()})
+	c, err := ollama.New(ollama.Config{BaseURL: srv.URL()}, ollama.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}

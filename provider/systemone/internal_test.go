@@ -52,7 +52,7 @@ func FuzzParseModelList(f *testing.F) {
 // TTL has passed; concurrent lookups share one list read.
 func TestModelDigestFollowsANewVersion(t *testing.T) {
 	srv := systemonetest.New(t)
-	c, err := New(Config{BaseURL: srv.URL(), APIKey: contract.Secret(srv.Key())})
+	c, err := New(Config{BaseURL: srv.URL(), APIKey: contract.Secret(srv.Key())}, Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,7 +73,15 @@ type Config struct {
 	// ProbePath is what Probe GETs instead of /v1/models, for servers that do not offer the
 	// model list (any 2xx answer is healthy). Empty: /v1/models.
 	ProbePath string
+	// Model is the model Probe looks for in the model list (the one the default requested
+	// model maps to); empty: none in particular.
+	Model string
+	// MaxConns sizes the keep-alive pool to the calls in flight; zero: DefaultMaxConns.
+	MaxConns int
 }
+
+// DefaultMaxConns is the keep-alive pool's size when Config.MaxConns is not set.
+const DefaultMaxConns = 16
 
 // Validate returns one error per bad setting, each naming its variable.
 func (c *Config) Validate() []error {
@@ -125,38 +133,23 @@ type Client struct {
 	refresh    sync.Mutex // one model-list read at a time for ModelDigest
 }
 
-// Option configures a Client.
-type Option func(*options)
-
-type options struct {
-	model    string
-	maxConns int
-	log      zerolog.Logger
-	client   *http.Client
+// Deps are the adapter's collaborators; the zero value is usable.
+type Deps struct {
+	// Log is the logger; calls log through the context's logger when it has one. Zero: none.
+	Log zerolog.Logger
+	// HTTPClient replaces the HTTP client (tests). Its redirect policy is overridden.
+	HTTPClient *http.Client
 }
 
-// WithModel sets the model Probe looks for in the model list (the one the default requested
-// model maps to).
-func WithModel(model string) Option { return func(o *options) { o.model = model } }
-
-// WithMaxConns sizes the keep-alive pool to the calls in flight.
-func WithMaxConns(n int) Option { return func(o *options) { o.maxConns = n } }
-
-// WithLogger sets the logger; calls log through the context's logger when it has one.
-func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.log = l } }
-
-// WithHTTPClient replaces the HTTP client (tests). Its redirect policy is overridden.
-func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.client = c } }
-
 // New builds the adapter. A bad configuration returns an error naming every bad variable.
-func New(cfg Config, opts ...Option) (*Client, error) {
+func New(cfg Config, deps Deps) (*Client, error) {
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("systemone provider: %w", errors.Join(errs...))
 	}
 	u, _ := upstream.ParseBaseURL(cfg.BaseURL, VarBaseURL)
-	o := options{maxConns: 16, log: zerolog.Nop()}
-	for _, opt := range opts {
-		opt(&o)
+	maxConns := cfg.MaxConns
+	if maxConns < 1 {
+		maxConns = DefaultMaxConns
 	}
 	timeout := cfg.Timeout
 	if timeout == 0 {
@@ -171,9 +164,9 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 		key:       &bearer{strings.TrimSpace(cfg.APIKey.Reveal())},
 		redact:    []string{display, u.Host},
 		timeout:   timeout,
-		model:     o.model,
-		http:      upstream.NewHTTPClient(o.client, o.maxConns),
-		log:       o.log.With().Str("provider", Name).Logger(),
+		model:     cfg.Model,
+		http:      upstream.NewHTTPClient(deps.HTTPClient, maxConns),
+		log:       deps.Log.With().Str("provider", Name).Logger(),
 		now:       time.Now,
 	}
 	if p := strings.TrimSpace(cfg.ProbePath); p != "" {

@@ -38,7 +38,7 @@ func resolved(t testing.TB, body string) *contract.Request {
 	return out
 }
 
-func newClient(t testing.TB, srv *systemonetest.Server, cfg systemone.Config, opts ...systemone.Option) *systemone.Client {
+func newClient(t testing.TB, srv *systemonetest.Server, cfg systemone.Config, deps ...systemone.Deps) *systemone.Client {
 	t.Helper()
 	if cfg.BaseURL == "" {
 		cfg.BaseURL = srv.URL()
@@ -49,7 +49,11 @@ func newClient(t testing.TB, srv *systemonetest.Server, cfg systemone.Config, op
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	c, err := systemone.New(cfg, opts...)
+	var d systemone.Deps
+	if len(deps) > 0 {
+		d = deps[0]
+	}
+	c, err := systemone.New(cfg, d)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -191,7 +195,7 @@ func leaked(err error) bool {
 func TestUpstreamErrorBodiesGoToTheLogOnly(t *testing.T) {
 	srv := systemonetest.New(t)
 	var logs bytes.Buffer
-	c := newClient(t, srv, systemone.Config{}, systemone.WithLogger(zerolog.New(&logs)))
+	c := newClient(t, srv, systemone.Config{}, systemone.Deps{Log: zerolog.New(&logs)})
 	req := resolved(t, ordered)
 	for status := 500; status <= 599; status++ {
 		for _, f := range []systemonetest.Fault{systemonetest.Body(status, "application/json", hostedLeak), systemonetest.Body(status, "text/plain", leak)} {
@@ -238,7 +242,7 @@ func TestTheServersOwnRefusals(t *testing.T) {
 
 func TestRedirectsAreNotFollowedEvenWithACustomHTTPClient(t *testing.T) {
 	srv := systemonetest.New(t)
-	c := newClient(t, srv, systemone.Config{}, systemone.WithHTTPClient(&http.Client{}))
+	c := newClient(t, srv, systemone.Config{}, systemone.Deps{HTTPClient: &http.Client{}})
 	srv.Fail(1, systemonetest.Redirect(http.StatusFound, srv.URL()+"/v1/systemone"))
 	_, err := c.Evaluate(context.Background(), resolved(t, ordered))
 	if e, ok := contract.AsError(err); !ok || e.Code != contract.CodeNotConfigured || srv.Calls() != 1 {
@@ -251,7 +255,7 @@ func TestUnreachable(t *testing.T) {
 	closed := srv.URL()
 	srv.Close()
 	for name, base := range map[string]string{"refused": closed, "dns": "https://sys1-nowhere.invalid"} {
-		c, err := systemone.New(systemone.Config{BaseURL: base, APIKey: "k"})
+		c, err := systemone.New(systemone.Config{BaseURL: base, APIKey: "k"}, systemone.Deps{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -313,7 +317,7 @@ func TestAPIKeyNeverLeaks(t *testing.T) {
 	srv := systemonetest.New(t, systemonetest.WithAPIKey(key))
 	var logs bytes.Buffer
 	log := zerolog.New(&logs).Level(zerolog.TraceLevel)
-	c := newClient(t, srv, systemone.Config{APIKey: key, Timeout: 200 * time.Millisecond}, systemone.WithLogger(log), systemone.WithModel("jev-1.13.0"))
+	c := newClient(t, srv, systemone.Config{APIKey: key, Timeout: 200 * time.Millisecond, Model: "jev-1.13.0"}, systemone.Deps{Log: log})
 	req := resolved(t, ordered)
 	var seen []string
 	evaluate := func(ctx context.Context) {
@@ -345,7 +349,7 @@ func TestAPIKeyNeverLeaks(t *testing.T) {
 	probe := c.Probe(context.Background())
 	seen = append(seen, probe.Problems...)
 	seen = append(seen, probe.Endpoint)
-	wrong := newClient(t, srv, systemone.Config{APIKey: key + "-old"}, systemone.WithLogger(log))
+	wrong := newClient(t, srv, systemone.Config{APIKey: key + "-old"}, systemone.Deps{Log: log})
 	seen = append(seen, wrong.Probe(context.Background()).Problems...)
 	_, derr := wrong.ModelDigest(context.Background(), "jev-1.13.0")
 	seen = append(seen, fmt.Sprint(derr))
@@ -374,7 +378,7 @@ func TestAPIKeyNeverLeaks(t *testing.T) {
 func TestProbe(t *testing.T) {
 	t.Run("healthy", func(t *testing.T) {
 		srv := systemonetest.New(t)
-		c := newClient(t, srv, systemone.Config{}, systemone.WithModel("jev-lite"))
+		c := newClient(t, srv, systemone.Config{Model: "jev-lite"})
 		res := c.Probe(context.Background())
 		if !res.Healthy() || len(res.Problems) != 0 || res.Endpoint != srv.URL() {
 			t.Fatalf("probe = %+v", res)
@@ -404,7 +408,9 @@ func TestProbe(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := systemonetest.New(t, tc.opts...)
-			res := newClient(t, srv, tc.cfg, systemone.WithModel(tc.model)).Probe(context.Background())
+			cfg := tc.cfg
+			cfg.Model = tc.model
+			res := newClient(t, srv, cfg).Probe(context.Background())
 			if res.Reachable != tc.reachable || res.Healthy() != tc.healthy {
 				t.Fatalf("probe = %+v", res)
 			}
@@ -417,7 +423,7 @@ func TestProbe(t *testing.T) {
 		srv := systemonetest.NewServer()
 		base := srv.URL()
 		srv.Close()
-		c, _ := systemone.New(systemone.Config{BaseURL: base, APIKey: "k"})
+		c, _ := systemone.New(systemone.Config{BaseURL: base, APIKey: "k"}, systemone.Deps{})
 		res := c.Probe(context.Background())
 		if res.Reachable || len(res.Problems) != 1 || res.Problems[0] != "systemone is unreachable: the connection was refused" {
 			t.Fatalf("probe = %+v", res)
@@ -484,7 +490,7 @@ func TestConfigValidation(t *testing.T) {
 		if strings.Contains(msg, "hunter2") || strings.Contains(msg, "X-Evil") {
 			t.Errorf("%s: a secret echoed: %s", tc.name, msg)
 		}
-		if _, err := systemone.New(tc.cfg); err == nil {
+		if _, err := systemone.New(tc.cfg, systemone.Deps{}); err == nil {
 			t.Errorf("%s: New accepted it", tc.name)
 		}
 	}
@@ -506,7 +512,7 @@ func TestZeroClientIsNotConfigured(t *testing.T) {
 
 func BenchmarkEvaluate(b *testing.B) {
 	srv := systemonetest.New(b)
-	c := newClient(b, srv, systemone.Config{}, systemone.WithMaxConns(4))
+	c := newClient(b, srv, systemone.Config{MaxConns: 4})
 	req := resolved(b, ordered)
 	ctx := context.Background()
 	b.ReportAllocs()

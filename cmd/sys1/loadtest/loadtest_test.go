@@ -398,7 +398,7 @@ func startOutsideWorker(t *testing.T, natsURL, ollamaURL string, concurrency int
 	if err != nil {
 		t.Fatal(err)
 	}
-	prov, err := ollama.New(ollama.Config{BaseURL: ollamaURL, TimeoutMS: "30000"}, ollama.WithMaxConns(concurrency), ollama.WithLogger(zerolog.Nop()))
+	prov, err := ollama.New(ollama.Config{BaseURL: ollamaURL, TimeoutMS: "30000", MaxConns: concurrency}, ollama.Deps{Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,8 +164,7 @@ func StartSelf(ctx context.Context, o SelfOptions) (_ *Self, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("replica %d: jetstream: %w", i, err)
 		}
-		if sw.prov, err = ollama.New(ollama.Config{BaseURL: s.fake.URL(), TimeoutMS: "30000"},
-			ollama.WithMaxConns(o.Concurrency), ollama.WithLogger(log)); err != nil {
+		if sw.prov, err = ollama.New(ollama.Config{BaseURL: s.fake.URL(), TimeoutMS: "30000", MaxConns: o.Concurrency}, ollama.Deps{Log: log}); err != nil {
 			return nil, fmt.Errorf("replica %d: provider: %w", i, err)
 		}
 		cfg := worker.Config{

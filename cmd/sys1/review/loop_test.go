@@ -58,7 +58,7 @@ func startWorkerAuth(t *testing.T, natsURL, policyYAML string, authCfg auth.Conf
 		t.Fatal(err)
 	}
 	fake := ollamatest.New(t)
-	prov, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "5000"})
+	prov, err := ollama.New(ollama.Config{BaseURL: fake.URL(), TimeoutMS: "5000"}, ollama.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func runSink(t *testing.T, natsURL string) *chtest.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := sink.New(js, conn, topology.Default(), cfg, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
+	s, err := sink.New(cfg, sink.Deps{JS: js, ClickHouse: conn, Topology: topology.Default(), Log: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)})
 	if err != nil {
 		t.Fatal(err)
 	}

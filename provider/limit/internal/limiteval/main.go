@@ -279,7 +279,7 @@ func measure(o options, sc scenario, c contender) (result, error) {
 		if lims[i], err = c.new(o, i); err != nil {
 			return result{}, err
 		}
-		clients[i], err = ollama.New(ollama.Config{BaseURL: srv.URL(), TimeoutMS: fmt.Sprint(timeout.Milliseconds())}, ollama.WithMaxConns(o.max))
+		clients[i], err = ollama.New(ollama.Config{BaseURL: srv.URL(), TimeoutMS: fmt.Sprint(timeout.Milliseconds()), MaxConns: o.max}, ollama.Deps{})
 		if err != nil {
 			return result{}, err
 		}
