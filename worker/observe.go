@@ -55,7 +55,7 @@ func (w *Worker) instrument() error {
 		tp = noop.NewTracerProvider()
 	}
 	w.tracer = tp.Tracer(TracerName, trace.WithInstrumentationVersion(w.opt.Version))
-	m, err := metrics.NewWorker(w.registry, metrics.WorkerOptions{
+	m, err := metrics.NewWorker(metrics.WorkerOptions{
 		Replica:      w.cfg.ID,
 		CallerLabel:  w.opt.MetricsCallerLabel,
 		InFlight:     func() float64 { return float64(w.stats.inFlight.Load()) },
@@ -87,7 +87,7 @@ func (w *Worker) instrument() error {
 			return out
 		},
 		Fits: w.fitReadings,
-	})
+	}, w.registry)
 	if err != nil {
 		return fmt.Errorf("worker metrics: %w", err)
 	}

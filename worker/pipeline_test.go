@@ -202,11 +202,11 @@ func newTestPipeline(t *testing.T) *testPipeline {
 		t.Fatal(err)
 	}
 	zero := func() float64 { return 0 }
-	m, err := metrics.NewWorker(prometheus.NewRegistry(), metrics.WorkerOptions{Replica: "w1",
+	m, err := metrics.NewWorker(metrics.WorkerOptions{Replica: "w1",
 		InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Paused: zero,
 		Providers: func() []metrics.ProviderState { return nil }, Fits: func() []metrics.FitReading { return nil },
 		Streams: func() []metrics.StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil },
-		Queues: func() []metrics.QueueState { return nil }})
+		Queues: func() []metrics.QueueState { return nil }}, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,9 +12,9 @@ import (
 // worker does them).
 func BenchmarkWorkerMetricsPerRun(b *testing.B) {
 	zero := func() float64 { return 0 }
-	w, err := NewWorker(prometheus.NewRegistry(), WorkerOptions{Replica: "bench", InFlight: zero, ProviderPeak: zero, Redeliveries: zero,
+	w, err := NewWorker(WorkerOptions{Replica: "bench", InFlight: zero, ProviderPeak: zero, Redeliveries: zero,
 		Replays: zero, DeadLetters: zero, Paused: zero, Providers: func() []ProviderState { return nil }, Fits: func() []FitReading { return nil },
-		Streams: func() []StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil }, Queues: func() []QueueState { return nil }})
+		Streams: func() []StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil }, Queues: func() []QueueState { return nil }}, prometheus.NewRegistry())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -22,9 +22,9 @@ func TestFitFamilies(t *testing.T) {
 	}
 	zero := func() float64 { return 0 }
 	reg := prometheus.NewRegistry()
-	if _, err := NewWorker(reg, WorkerOptions{Replica: "w", InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Paused: zero,
+	if _, err := NewWorker(WorkerOptions{Replica: "w", InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Paused: zero,
 		Providers: func() []ProviderState { return nil }, Fits: func() []FitReading { return readings },
-		Streams: func() []StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil }, Queues: func() []QueueState { return nil }}); err != nil {
+		Streams: func() []StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil }, Queues: func() []QueueState { return nil }}, reg); err != nil {
 		t.Fatal(err)
 	}
 	want := `

@@ -94,9 +94,9 @@ type Worker struct {
 	quota         *prometheus.CounterVec
 }
 
-// NewWorker registers a replica's families on reg, each labelled worker=<Replica>. Every
+// NewWorker registers a replica's families (o says which and how to read them) on reg, each labelled worker=<Replica>. Every
 // reading function must be set.
-func NewWorker(reg prometheus.Registerer, o WorkerOptions) (*Worker, error) {
+func NewWorker(o WorkerOptions, reg prometheus.Registerer) (*Worker, error) {
 	if o.InFlight == nil || o.ProviderPeak == nil || o.Redeliveries == nil || o.Replays == nil ||
 		o.DeadLetters == nil || o.Paused == nil || o.Providers == nil || o.Fits == nil || o.Streams == nil || o.QuotaAtLimit == nil || o.Queues == nil {
 		return nil, errors.New("metrics: every WorkerOptions reading is required")
@@ -269,11 +269,11 @@ func (w *Worker) Stage(name string, d time.Duration) {
 // replica: for documentation and dashboard checks.
 func WorkerFamilies() []Family {
 	zero := func() float64 { return 0 }
-	w, err := NewWorker(prometheus.NewRegistry(), WorkerOptions{
+	w, err := NewWorker(WorkerOptions{
 		Replica: "catalogue", InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Paused: zero,
 		Providers: func() []ProviderState { return nil }, Fits: func() []FitReading { return nil },
 		Streams: func() []StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil }, Queues: func() []QueueState { return nil },
-	})
+	}, prometheus.NewRegistry())
 	if err != nil {
 		panic(err) // a fresh registry cannot refuse them
 	}
