@@ -731,10 +731,11 @@ func TestOpenAdmissionsAreBounded(t *testing.T) {
 	}
 }
 
-// TestAHeldAdmissionCarriesTheRunToItsNextDelivery (found by the soak): a delivery handed back
-// for another (its answer lost, or its call failed) holds its admission open, corrected to
-// what it used, so the run's next delivery is admitted on it even once the budget is spent —
-// never refused for a run already paid for, never charged a second estimate — and settles it.
+// TestAHeldAdmissionCarriesTheRunToItsNextDelivery (found by the soak, twice): a delivery
+// handed back for another (its answer lost, or its call failed) holds its admission open and
+// charged, so the run's next delivery is admitted on it even once the budget is spent — never
+// refused for a run already paid for, never charged a second estimate — while no other run
+// is admitted on the budget the waiting run holds.
 func TestAHeldAdmissionCarriesTheRunToItsNextDelivery(t *testing.T) {
 	clk := newClock(noon)
 	_, reps := fleet(t, 2, func(_ int, c *Config) { c.Now = clk.Now })
@@ -745,22 +746,23 @@ func TestAHeldAdmissionCarriesTheRunToItsNextDelivery(t *testing.T) {
 	if err != nil || d.Outcome != Admitted {
 		t.Fatalf("first delivery: %+v %v", d, err)
 	}
-	// The call failed: the estimate is refunded now, the admission stays open.
+	// The call failed and the delivery was handed back: the admission stays open and charged.
 	if err := d.Ticket.Hold(ctx, Actual{}); err != nil {
 		t.Fatal(err)
 	}
-	if c := counter(t, reps[0].kv, "billing", "day", clk.Now()); c.NanoUSD != 0 || len(c.Open) != 1 || c.Admitted != 1 {
-		t.Fatalf("after the hold: %+v; want nothing charged, one open, one admitted", c)
+	if c := counter(t, reps[0].kv, "billing", "day", clk.Now()); c.NanoUSD != nano(cent) || len(c.Open) != 1 || c.Admitted != 1 {
+		t.Fatalf("after the hold: %+v; want its cent still charged, one open, one admitted", c)
 	}
-	// Meanwhile other runs spend the whole budget.
-	for _, id := range []string{"r-2", "r-3"} {
-		d, err := reps[1].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: id})
-		if err != nil || d.Outcome != Admitted {
-			t.Fatalf("%s: %+v %v", id, d, err)
-		}
-		if err := d.Ticket.Settle(ctx, Actual{USD: &cent}); err != nil {
-			t.Fatal(err)
-		}
+	// Meanwhile other runs ask: one fits beside the held run, the next does not.
+	d2, err := reps[1].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: "r-2"})
+	if err != nil || d2.Outcome != Admitted {
+		t.Fatalf("r-2: %+v %v", d2, err)
+	}
+	if err := d2.Ticket.Settle(ctx, Actual{USD: &cent}); err != nil {
+		t.Fatal(err)
+	}
+	if d3, err := reps[1].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: "r-3"}); err != nil || d3.Outcome != Exceeded {
+		t.Fatalf("r-3 while r-1 holds the rest of the budget: %+v %v; want exceeded", d3, err)
 	}
 	// The run comes back: admitted on its open charge, though the budget is spent.
 	d, err = reps[1].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: "r-1"})
@@ -771,10 +773,33 @@ func TestAHeldAdmissionCarriesTheRunToItsNextDelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := counter(t, reps[0].kv, "billing", "day", clk.Now())
-	if c.NanoUSD != nano(0.03) || c.Admitted != 3 || len(c.Open) != 0 {
-		t.Fatalf("after three runs: %+v; want 0.03 USD (the admitted run finished), 3 admitted, nothing open", c)
+	if c.NanoUSD != nano(0.02) || c.Admitted != 2 || len(c.Open) != 0 {
+		t.Fatalf("after the two runs: %+v; want exactly the 0.02 USD budget spent, 2 admitted, nothing open", c)
 	}
-	if d, _ := reps[0].b.Admit(ctx, "billing", rule, Estimate{USD: cent, ID: "r-4"}); d.Outcome != Exceeded {
-		t.Fatalf("a new run after the budget is spent: %+v; want exceeded", d)
+}
+
+// TestAHeldRunThatFailsInTheEndIsRefunded: the charge a held admission keeps is refunded when
+// the run's last delivery settles it without an answer.
+func TestAHeldRunThatFailsInTheEndIsRefunded(t *testing.T) {
+	clk := newClock(noon)
+	_, reps := fleet(t, 1, func(_ int, c *Config) { c.Now = clk.Now })
+	ctx := context.Background()
+	rule := limits.Rule{Name: "day", Caller: "billing", USDPerDay: 0.02}
+	d, err := reps[0].b.Admit(ctx, "billing", rule, Estimate{USD: 0.01, ID: "r-1"})
+	if err != nil || d.Outcome != Admitted {
+		t.Fatalf("first delivery: %+v %v", d, err)
+	}
+	if err := d.Ticket.Hold(ctx, Actual{}); err != nil {
+		t.Fatal(err)
+	}
+	d, err = reps[0].b.Admit(ctx, "billing", rule, Estimate{USD: 0.01, ID: "r-1"})
+	if err != nil || d.Outcome != Admitted {
+		t.Fatalf("last delivery: %+v %v", d, err)
+	}
+	if err := d.Ticket.Settle(ctx, Actual{}); err != nil {
+		t.Fatal(err)
+	}
+	if c := counter(t, reps[0].kv, "billing", "day", clk.Now()); c.NanoUSD != 0 || len(c.Open) != 0 {
+		t.Fatalf("after the run failed for good: %+v; want nothing charged, nothing open", c)
 	}
 }

@@ -238,7 +238,9 @@ func (c *checker) scored() CheckResult {
 		// holds check reports them).
 		unreleased int
 		calls      []Call
-		from, to   time.Time
+		// asked is every call the model got for the key, answered or not (a fault, a timeout).
+		asked    []Call
+		from, to time.Time
 		// settled is when the last of its runs had its outcome stored (its first final
 		// reply); zero while one has none.
 		settled time.Time
@@ -296,8 +298,9 @@ func (c *checker) scored() CheckResult {
 		}
 	}
 	for _, call := range c.o.Calls {
+		t := get(call.Key)
+		t.asked = append(t.asked, call)
 		if call.Answered {
-			t := get(call.Key)
 			t.calls = append(t.calls, call)
 		}
 	}
@@ -335,7 +338,7 @@ func (c *checker) scored() CheckResult {
 		}
 		excused := 0
 		for _, call := range t.calls {
-			if died, ok := c.killedHolding(call, settled); ok && askedAgainAfter(t.calls, call, died) {
+			if died, ok := c.killedHolding(call, settled); ok && askedAgainAfter(t.asked, call, died) {
 				excused++
 			}
 		}
@@ -375,8 +378,9 @@ func (c *checker) killedHolding(call Call, settled time.Time) (time.Time, bool) 
 	return time.Time{}, false
 }
 
-// askedAgainAfter reports whether the model answered another call for the same key that
-// started after died: the redelivery the lost answer made necessary.
+// askedAgainAfter reports whether the model got another call for the same key that started
+// after died: the redelivery the lost answer made necessary. That call may have failed (the
+// model down meanwhile) and the run with it: the lost answer was still the only one scored.
 func askedAgainAfter(calls []Call, lost Call, died time.Time) bool {
 	for _, other := range calls {
 		if other != lost && !other.Started.Before(died) {
@@ -479,12 +483,15 @@ func (c *checker) reviewLabels(runID, question string) []Label {
 }
 
 // budgets: a caller with a day budget of N decisions gets exactly N answers from the model
-// when it asks for more — never N+1, and none refused while some budget is left.
+// when it asks for more — never N+1, and none refused while some budget is left. A run is
+// charged from its admission until it ends, so budget held by a run that failed in the end
+// (a model outage outlasting its deliveries) may have refused others before it was refunded:
+// refusals with fewer than N admitted are excused up to the number of such runs.
 func (c *checker) budgets() CheckResult {
 	res := CheckResult{Check: CheckBudgets}
 	for _, b := range c.o.Budgets {
 		res.Checked++
-		admitted, refused := 0, 0
+		admitted, refused, failed := 0, 0, 0
 		var runs []string
 		var from, to time.Time
 		for i := range c.o.Requests {
@@ -501,6 +508,9 @@ func (c *checker) budgets() CheckResult {
 				admitted++
 			case d[0].ErrorCode == "SYS1_BUDGET_EXCEEDED":
 				refused++
+			case d[0].Status == "failed":
+				failed++ // admitted, held its charge while it ran, refunded when it failed
+				continue
 			default:
 				continue
 			}
@@ -520,6 +530,8 @@ func (c *checker) budgets() CheckResult {
 		case admitted > b.Limit:
 			res.Violations = append(res.Violations, Violation{Check: res.Check, RunIDs: firstN(runs, 20), From: from, To: to,
 				Detail: fmt.Sprintf("caller %s: %d decisions admitted under a budget of %d", b.Caller, admitted, b.Limit)})
+		case admitted < b.Limit && refused > 0 && admitted+failed >= b.Limit:
+			res.Notes = append(res.Notes, fmt.Sprintf("caller %s: %d admitted, %d refused while %d runs that failed in the end still held their charge", b.Caller, admitted, refused, failed))
 		case admitted < b.Limit && refused > 0:
 			res.Violations = append(res.Violations, Violation{Check: res.Check, RunIDs: firstN(runs, 20), From: from, To: to,
 				Detail: fmt.Sprintf("caller %s: %d refused SYS1_BUDGET_EXCEEDED with only %d of its %d decisions admitted", b.Caller, refused, admitted, b.Limit)})

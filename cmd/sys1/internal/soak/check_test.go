@@ -180,6 +180,21 @@ func TestCheckExcusesAScoringLostWithAKilledWorker(t *testing.T) {
 	if notes := r.Result(CheckScored).Notes; len(notes) != 1 || !strings.Contains(notes[0], "1 runs were scored again") {
 		t.Errorf("notes: %v", notes)
 	}
+	// …and so is one whose run was asked again while the model failed, and failed with it: the
+	// lost answer was the only one the model gave (the 60-minute soak's p-008586).
+	h2 := newHealthy()
+	h2.Requests = append(h2.Requests, Request{RunID: "p-4", Caller: "soak-plain", Kind: KindPlain, Key: "p-4", PublishedAt: at(h2.t0, 48.9), AckedAt: at(h2.t0, 48.91)})
+	h2.Calls = append(h2.Calls,
+		Call{Key: "p-4", Slot: 1, Started: at(h2.t0, 49), Ended: at(h2.t0, 49.1), Answered: true},
+		Call{Key: "p-4", Slot: 2, Started: at(h2.t0, 80), Ended: at(h2.t0, 80.1), Fault: "500"})
+	h2.Replies = append(h2.Replies, Reply{RunID: "p-4", Seq: 60, At: at(h2.t0, 80.2), Hash: hashOf("p-4 failed"), Status: "failed", ErrorCode: "SYS1_UPSTREAM_ERROR"})
+	h2.Rows = append(h2.Rows, Row{RunID: "p-4", Caller: "soak-plain", Status: "failed"})
+	if vs := Check(h2.Observations).Violations(); len(vs) > 0 {
+		t.Fatalf("a lost answer whose run then failed with the model: violations %+v", vs)
+	}
+	// Without that second call, nothing shows the answer was lost rather than thrown away.
+	h2.Calls = h2.Calls[:len(h2.Calls)-1]
+	expectViolation(t, h2.Observations, CheckScored, "p-4", "scored 1 times")
 	// The same first call on a worker that lived on is not excused…
 	h.Calls[len(h.Calls)-2].Slot = 2
 	expectViolation(t, h.Observations, CheckScored, "p-4", "scored 2 times")
@@ -288,6 +303,20 @@ func TestCheckDetectsABudgetRefusedTooEarly(t *testing.T) {
 	h := newHealthy()
 	h.Budgets[0].Limit = 2
 	expectViolation(t, h.Observations, CheckBudgets, "", "with only 1 of its 2 decisions admitted")
+}
+
+// TestCheckExcusesRefusalsWhileAFailingRunHeldTheBudget: a run charged while it ran and
+// refunded when it failed in the end may have refused another meanwhile.
+func TestCheckExcusesRefusalsWhileAFailingRunHeldTheBudget(t *testing.T) {
+	h := newHealthy()
+	h.Budgets[0].Limit = 2
+	h.Requests = append(h.Requests, Request{RunID: "b-3", Caller: "soak-budget", Kind: KindBudget, Key: "b-3", PublishedAt: at(h.t0, 10.5), AckedAt: at(h.t0, 10.5)})
+	h.Replies = append(h.Replies, Reply{RunID: "b-3", Seq: 60, At: at(h.t0, 12), Hash: hashOf("b-3 failed"), Status: "failed", ErrorCode: "SYS1_UPSTREAM_ERROR"})
+	h.Rows = append(h.Rows, Row{RunID: "b-3", Caller: "soak-budget", Status: "failed"})
+	r := Check(h.Observations)
+	if res := r.Result(CheckBudgets); len(res.Violations) != 0 || len(res.Notes) != 1 || !strings.Contains(res.Notes[0], "1 runs that failed in the end still held their charge") {
+		t.Fatalf("budget check: %+v", res)
+	}
 }
 
 func TestCheckDetectsMissingAndDoubledBatchLines(t *testing.T) {

@@ -120,7 +120,9 @@ func (r *replies) answered(runID string, held bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, x := range r.byRun[runID] {
-		if !held || x.Review == "reviewed" {
+		// A held caller's run that failed before it had an answer to hold is answered with its
+		// error like any run: no release follows (the holds check judges it at the end).
+		if !held || x.Review == "reviewed" || (x.Status == "failed" && x.Review == "") {
 			return true
 		}
 	}
