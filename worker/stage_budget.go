@@ -87,7 +87,9 @@ func (r *run) settleBudget(ctx context.Context) {
 		// The run goes on in a later delivery, which is admitted on this same charge and
 		// settles it in the end. Closing it here would charge that delivery again — or refuse
 		// it, once the budget is spent, for a run already paid for (the soak found one such
-		// run). The charge is corrected to what this delivery used and stays open.
+		// run). The charge stays open and at least its estimate, so the budget the run holds
+		// is not admitted to another run meanwhile (the 60-minute soak found that refunding it
+		// here overspent the budget).
 		if err := t.Hold(ctx, actual); err != nil {
 			r.log.Warn().Err(err).Msg("could not correct the caller's budget to what this delivery used")
 		}
