@@ -245,7 +245,7 @@ func TestThousands(t *testing.T) {
 // consumer exists with fair share and none without.
 func TestBenchFairnessTiny(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts six deployments (NATS server and worker processes)")
+		t.Skip("-short: starts six deployments of NATS and worker processes (CI runs it)")
 	}
 	t.Parallel()
 	bin, err := exec.LookPath("sys1")

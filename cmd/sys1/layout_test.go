@@ -30,7 +30,7 @@ func deps(t *testing.T, pkg string) map[string]bool {
 // provider. And contract/wire, the names every side shares, is the standard library's alone.
 func TestImportBoundaries(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs go list")
+		t.Skip("-short: runs go list over the module (CI runs it)")
 	}
 	for _, pkg := range []string{"/worker/client", "/cmd/sys1/internal/batch", "/cmd/sys1/review", "/contract/wire", "/contract"} {
 		for dep := range deps(t, module+pkg) {

@@ -20,7 +20,7 @@ import (
 // promises whatever happens when. Longer runs: deploy/reliability.md.
 func TestSoak(t *testing.T) {
 	if testing.Short() {
-		t.Skip("the soak runs the whole fleet for over a minute")
+		t.Skip("-short: the soak runs the whole fleet for over a minute (CI runs it)")
 	}
 	// Beside the script tests, which mostly wait too: the package's wall time is what CI pays.
 	t.Parallel()

@@ -270,7 +270,7 @@ func dashboardQueries(t *testing.T) (queries []dashboardQuery, variables []dashb
 // tests' input series are real series too, and every scraped family passes promlint.
 func TestDashboardsAndAlertsOnARunningFleet(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a fleet under load")
+		t.Skip("-short: starts a fleet under load (CI runs it)")
 	}
 	f := startFleet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

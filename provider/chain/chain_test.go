@@ -23,6 +23,7 @@ import (
 	"github.com/sys1hq/sys1/provider/simulator"
 	"github.com/sys1hq/sys1/provider/systemone"
 	"github.com/sys1hq/sys1/provider/systemonetest"
+	"github.com/sys1hq/sys1/worker/natsconn/natstest"
 )
 
 const body = `{"model":"%s","state":{"ticket":"the app crashes"},"questions":{
@@ -648,13 +649,7 @@ func TestStartProbesInTheBackground(t *testing.T) {
 	done := c.Start(ctx, 20*time.Millisecond)
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s: %+v", what, c.Health())
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		natstest.WaitFor(t, 10*time.Second, what, cond)
 	}
 	waitFor("the first probe", func() bool { return c.Health().Status == chain.StatusOK })
 	local.SetModels()

@@ -27,7 +27,7 @@ func TestParseStatCPU(t *testing.T) {
 
 func TestReadProcessReadsItself(t *testing.T) {
 	if runtime.GOOS != "linux" {
-		t.Skip("/proc is Linux's")
+		t.Skipf("needs /proc, which only Linux has (GOOS=%s)", runtime.GOOS)
 	}
 	// Burn a little CPU so the reading is above zero at 10 ms resolution.
 	deadline := time.Now().Add(30 * time.Millisecond)
