@@ -11,8 +11,6 @@ import (
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/internal/outbox"
-	"github.com/sys1hq/sys1/worker/rungate"
-	"github.com/sys1hq/sys1/worker/topology"
 )
 
 // publish answers a run that settle says is over. Its outcome is stored in the gate first,
@@ -126,17 +124,7 @@ func (r *run) conclude(ctx context.Context, status contract.Status, reply, recor
 			Provider: p.provider, Worker: p.worker, Version: p.version, OmitRequest: r.omitRequest,
 			CostUSD: p.costUSD, CacheHit: p.cacheHit,
 		}
-		err := r.store(ctx, "store the outcome", topology.KVStream(r.p.topo.RunsBucket), func(ctx context.Context) error {
-			rev, err := r.p.gate.Save(ctx, r.runID, &st, r.rev)
-			if rungate.IsConflict(err) {
-				return r.revisionMoved(ctx)
-			}
-			if err != nil {
-				return err
-			}
-			r.rev = rev
-			return nil
-		})
+		err := r.saveState(ctx, "store the outcome", &st)
 		if err != nil {
 			return fmt.Errorf("store outcome: %w", err)
 		}

@@ -62,8 +62,19 @@ func (r *run) keepAnswer(ctx context.Context) error {
 	defer r.leaseMu.Unlock()
 	st := *r.state
 	st.Attempts, st.Answer = r.attempts, answer
-	err = r.store(ctx, "keep the answer before its review", topology.KVStream(r.p.topo.RunsBucket), func(ctx context.Context) error {
-		rev, err := r.p.gate.Save(ctx, r.runID, &st, r.rev)
+	err = r.saveState(ctx, "keep the answer before its review", &st)
+	if err != nil {
+		return fmt.Errorf("keep the answer: %w", err)
+	}
+	*r.state = st
+	return nil
+}
+
+// saveState writes st as the run's gate entry, compare-and-set on the revision this delivery
+// holds, retried in place like every store of what the model was paid for.
+func (r *run) saveState(ctx context.Context, what string, st *runState) error {
+	return r.store(ctx, what, topology.KVStream(r.p.topo.RunsBucket), func(ctx context.Context) error {
+		rev, err := r.p.gate.Save(ctx, r.runID, st, r.rev)
 		if rungate.IsConflict(err) {
 			return r.revisionMoved(ctx)
 		}
@@ -73,9 +84,4 @@ func (r *run) keepAnswer(ctx context.Context) error {
 		r.rev = rev
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("keep the answer: %w", err)
-	}
-	*r.state = st
-	return nil
 }

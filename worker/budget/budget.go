@@ -612,14 +612,9 @@ type Ticket struct {
 // delivery of the same run, or a retried write that had landed) finds it closed and changes
 // nothing, so a write whose answer was lost is tried again.
 func (t *Ticket) Settle(ctx context.Context, actual Actual) error {
-	t.mu.Lock()
-	if t.settled || t.dayKey == "" {
-		t.settled = true
-		t.mu.Unlock()
+	if !t.closeOnce() {
 		return nil
 	}
-	t.settled = true
-	t.mu.Unlock()
 	dTokens, dNano := int64(0), int64(0)
 	if t.rule.InputTokensPerDay > 0 {
 		dTokens = min(max(actual.InputTokens, 0), maxCount) - t.estTokens
@@ -681,14 +676,9 @@ func (t *Ticket) Hold(ctx context.Context, actual Actual) error {
 	if t.id == "" {
 		return t.Settle(ctx, actual)
 	}
-	t.mu.Lock()
-	if t.settled || t.dayKey == "" {
-		t.settled = true
-		t.mu.Unlock()
+	if !t.closeOnce() {
 		return nil
 	}
-	t.settled = true
-	t.mu.Unlock()
 	usedTokens, usedNano := int64(0), int64(0)
 	if t.rule.InputTokensPerDay > 0 {
 		usedTokens = min(max(actual.InputTokens, 0), maxCount)
@@ -723,6 +713,16 @@ func (t *Ticket) Hold(ctx context.Context, actual Actual) error {
 		return fmt.Errorf("budget: hold %s: %w", t.caller, err)
 	}
 	return nil
+}
+
+// closeOnce marks the ticket settled, reporting whether this call is the one that writes its
+// correction (the first, on a ticket with a day charge).
+func (t *Ticket) closeOnce() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	first := !t.settled && t.dayKey != ""
+	t.settled = true
+	return first
 }
 
 // settleTries bounds how often a settlement whose write failed is tried (over about 10 s).
