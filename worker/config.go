@@ -48,6 +48,10 @@ type Config struct {
 	// StatusInterval is how often the replica reads the shared consumers' state (pending,
 	// pause) for health and metrics.
 	StatusInterval time.Duration `env:"SYS1_STATUS_INTERVAL"`
+	// OrphanSweepInterval is how often the replica looks for requests their consumer moved
+	// past without finishing them (worker/internal/orphans); one is answered when two sweeps
+	// in a row find it.
+	OrphanSweepInterval time.Duration `env:"SYS1_ORPHAN_SWEEP_INTERVAL"`
 	// RecordState is what records keep of the caller's state and instructions: full, hash or
 	// none (contract.RecordState); applied where the record is made, so SYS1_RUNS and
 	// ClickHouse hold the same form (the gate never holds them).
@@ -78,7 +82,7 @@ func DefaultConfig() Config {
 		Concurrency: 8, ConcurrencyMode: string(limit.ModeAdaptive), ConcurrencyMin: 1, ConcurrencyTolerance: 1.2,
 		MaxDeliver: 5, ShutdownGrace: 30 * time.Second, FetchBatch: 16,
 		RetryBase: time.Second, RetryMax: time.Minute, StoreRetry: 2 * time.Minute,
-		ProbeInterval: 10 * time.Second, StatusInterval: time.Second,
+		ProbeInterval: 10 * time.Second, StatusInterval: time.Second, OrphanSweepInterval: time.Minute,
 		RecordState: contract.RecordFull, ReviewState: ReviewStateFull, BatchMaxShare: 1, CacheMaxTTL: 168 * time.Hour,
 	}
 }
@@ -130,6 +134,9 @@ func (c *Config) Validate() []error {
 	if c.ProbeInterval < 0 {
 		errs = append(errs, fmt.Errorf("SYS1_PROBE_INTERVAL: must not be negative, got %s", c.ProbeInterval))
 	}
+	if c.OrphanSweepInterval < 0 {
+		errs = append(errs, fmt.Errorf("SYS1_ORPHAN_SWEEP_INTERVAL: must not be negative, got %s", c.OrphanSweepInterval))
+	}
 	if c.StoreRetry < 0 {
 		errs = append(errs, fmt.Errorf("SYS1_STORE_RETRY: must not be negative, got %s", c.StoreRetry))
 	}
@@ -174,6 +181,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.ProbeInterval <= 0 {
 		out.ProbeInterval = def.ProbeInterval
+	}
+	if out.OrphanSweepInterval <= 0 {
+		out.OrphanSweepInterval = def.OrphanSweepInterval
 	}
 	if out.FetchBatch > out.Concurrency {
 		out.FetchBatch = out.Concurrency

@@ -63,6 +63,7 @@ func (w *Worker) instrument() error {
 		Redeliveries: func() float64 { return float64(w.stats.retried.Load()) },
 		Replays:      func() float64 { return float64(w.stats.replayed.Load()) },
 		DeadLetters:  func() float64 { return float64(w.stats.deadLetters.Load()) },
+		Orphans:      func() float64 { return float64(w.stats.orphans.Load()) },
 		Paused:       func() float64 { return float64(w.pausedGauge()) },
 		QuotaAtLimit: w.QuotaAtLimit,
 		Queues:       w.queueReadings,

@@ -203,7 +203,7 @@ func newTestPipeline(t *testing.T) *testPipeline {
 	}
 	zero := func() float64 { return 0 }
 	m, err := metrics.NewWorker(metrics.WorkerOptions{Replica: "w1",
-		InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Paused: zero,
+		InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Orphans: zero, Paused: zero,
 		Providers: func() []metrics.ProviderState { return nil }, Fits: func() []metrics.FitReading { return nil },
 		Streams: func() []metrics.StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil },
 		Queues: func() []metrics.QueueState { return nil }}, prometheus.NewRegistry())

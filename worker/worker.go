@@ -35,6 +35,7 @@ import (
 	"github.com/sys1hq/sys1/worker/internal/deadletter"
 	"github.com/sys1hq/sys1/worker/internal/holds"
 	"github.com/sys1hq/sys1/worker/internal/labelcheck"
+	"github.com/sys1hq/sys1/worker/internal/orphans"
 	"github.com/sys1hq/sys1/worker/limits"
 	"github.com/sys1hq/sys1/worker/livefile"
 	"github.com/sys1hq/sys1/worker/metrics"
@@ -134,6 +135,7 @@ type Worker struct {
 	holds  *holds.Releaser
 	labels *labelcheck.Checker
 	dead   *deadletter.Answerer
+	orphan *orphans.Sweeper
 	log    zerolog.Logger
 	stats  stats
 	// chain is the providers. Each link's limiter bounds its calls in flight to Concurrency.
@@ -222,6 +224,9 @@ func New(ctx context.Context, cfg Config, opt Options) (*Worker, error) {
 	w.dead = &deadletter.Answerer{RequestsStream: w.opt.Topology.RequestsStream,
 		Requests: func() deadletter.Stream { return w.requests }, Handle: w.handle,
 		RetryBase: w.cfg.RetryBase, Log: w.log, Answered: func() { w.stats.deadLetters.Add(1) }}
+	w.orphan = &orphans.Sweeper{Requests: func() orphans.Stream { return orphans.JetStream(w.requests) },
+		StreamName: w.opt.Topology.RequestsStream, Handle: w.handle, LastDelivery: w.lastDelivery,
+		RetryBase: w.cfg.RetryBase, Log: w.log, Answered: func() { w.stats.orphans.Add(1) }}
 	ok = true
 	return w, nil
 }
@@ -442,6 +447,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	maxBatch := max(min(int64(math.Floor(w.cfg.BatchMaxShare*float64(cap(slots)))), int64(cap(slots)-1)), 1)
 	var dead sync.WaitGroup
 	dead.Go(func() { w.deadLetters(ctx, runCtx) })
+	dead.Go(func() { w.sweepOrphans(ctx, runCtx) })
 	dead.Go(func() { w.labelSubmissions(ctx, runCtx) })
 	dead.Go(func() { w.heldReplies(ctx, runCtx) })
 	probed := w.chain.Start(ctx, w.cfg.ProbeInterval)
@@ -697,6 +703,7 @@ type stats struct {
 	cacheHits     atomic.Int64
 	latency       ewma
 	deadLetters   atomic.Int64
+	orphans       atomic.Int64
 }
 
 // Stats is a snapshot of a replica's counters.
@@ -709,6 +716,7 @@ type Stats struct {
 	Retried           int64 // deliveries nak'ed for a transient error
 	Replayed          int64 // finished runs answered again from their stored outcome
 	DeadLetters       int64 // dead-lettered requests answered from their advisory
+	Orphans           int64 // requests below their consumer's floor answered by the sweep
 }
 
 // Stats returns the replica's counters.
@@ -718,7 +726,7 @@ func (w *Worker) Stats() Stats {
 		ProviderPeak: w.stats.providerPeak.Load(), ProviderCalls: w.stats.providerCalls.Load(),
 		Succeeded: w.stats.succeeded.Load(), Failed: w.stats.failed.Load(),
 		Retried: w.stats.retried.Load(), Replayed: w.stats.replayed.Load(),
-		DeadLetters: w.stats.deadLetters.Load(),
+		DeadLetters: w.stats.deadLetters.Load(), Orphans: w.stats.orphans.Load(),
 	}
 }
 

@@ -13,7 +13,7 @@ import (
 func BenchmarkWorkerMetricsPerRun(b *testing.B) {
 	zero := func() float64 { return 0 }
 	w, err := NewWorker(WorkerOptions{Replica: "bench", InFlight: zero, ProviderPeak: zero, Redeliveries: zero,
-		Replays: zero, DeadLetters: zero, Paused: zero, Providers: func() []ProviderState { return nil }, Fits: func() []FitReading { return nil },
+		Replays: zero, DeadLetters: zero, Orphans: zero, Paused: zero, Providers: func() []ProviderState { return nil }, Fits: func() []FitReading { return nil },
 		Streams: func() []StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil }, Queues: func() []QueueState { return nil }}, prometheus.NewRegistry())
 	if err != nil {
 		b.Fatal(err)

@@ -22,7 +22,7 @@ func TestFitFamilies(t *testing.T) {
 	}
 	zero := func() float64 { return 0 }
 	reg := prometheus.NewRegistry()
-	if _, err := NewWorker(WorkerOptions{Replica: "w", InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Paused: zero,
+	if _, err := NewWorker(WorkerOptions{Replica: "w", InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Orphans: zero, Paused: zero,
 		Providers: func() []ProviderState { return nil }, Fits: func() []FitReading { return readings },
 		Streams: func() []StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil }, Queues: func() []QueueState { return nil }}, reg); err != nil {
 		t.Fatal(err)
@@ -50,10 +50,10 @@ sys1_worker_calibration_evaluated_timestamp_seconds{caller="billing",model="nimb
 		t.Error(err)
 	}
 	// Every family of the evaluated fit (15), three of the other (fit ECE, target, abstain
-	// all), the six readings of the replica itself and the three kinds of quota refusals (every
+	// all), the seven readings of the replica itself and the three kinds of quota refusals (every
 	// kind a series from the start).
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 15+3+6+3 {
-		t.Errorf("%d series, want 27 (%v)", n, err)
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 15+3+7+3 {
+		t.Errorf("%d series, want 28 (%v)", n, err)
 	}
 	for name, want := range map[string]int{"sys1_worker_risk_decided_error_lower": 1, "sys1_worker_risk_fit_coverage": 1, "sys1_worker_calibration_fit_ece": 2, "sys1_worker_risk_target_error": 2, "sys1_worker_calibration_recent_labels": 1} {
 		if n, err := testutil.GatherAndCount(reg, name); err != nil || n != want {

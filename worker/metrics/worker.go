@@ -21,6 +21,7 @@ type WorkerOptions struct {
 	Redeliveries func() float64 // deliveries nak'ed for a transient error
 	Replays      func() float64 // finished runs answered again from their stored outcome
 	DeadLetters  func() float64 // dead-lettered requests answered
+	Orphans      func() float64 // requests found below their consumer's floor and answered
 	Paused       func() float64 // 1 while interactive requests are paused (sys1 pause)
 	// Providers is the chain's links now: their limiter and health.
 	Providers func() []ProviderState
@@ -98,7 +99,7 @@ type Worker struct {
 // reading function must be set.
 func NewWorker(o WorkerOptions, reg prometheus.Registerer) (*Worker, error) {
 	if o.InFlight == nil || o.ProviderPeak == nil || o.Redeliveries == nil || o.Replays == nil ||
-		o.DeadLetters == nil || o.Paused == nil || o.Providers == nil || o.Fits == nil || o.Streams == nil || o.QuotaAtLimit == nil || o.Queues == nil {
+		o.DeadLetters == nil || o.Orphans == nil || o.Paused == nil || o.Providers == nil || o.Fits == nil || o.Streams == nil || o.QuotaAtLimit == nil || o.Queues == nil {
 		return nil, errors.New("metrics: every WorkerOptions reading is required")
 	}
 	c := &catalogue{reg: prometheus.WrapRegistererWith(prometheus.Labels{"worker": o.Replica}, reg)}
@@ -133,6 +134,7 @@ func NewWorker(o WorkerOptions, reg prometheus.Registerer) (*Worker, error) {
 	c.counterFunc("sys1_worker_redeliveries_total", "Deliveries nak'ed for a transient error (redelivered later).", o.Redeliveries)
 	c.counterFunc("sys1_worker_replays_total", "Finished runs answered again from their stored outcome.", o.Replays)
 	c.counterFunc("sys1_worker_dead_letters_total", "Requests that ran out of deliveries (SYS1_CONSUMER_MAX_DELIVER) and were answered from their advisory.", o.DeadLetters)
+	c.counterFunc("sys1_worker_orphans_answered_total", "Requests found below their consumer's acknowledgement floor, never answered, and answered by the orphan sweep.", o.Orphans)
 	c.gaugeFunc("sys1_worker_paused", "1 while the fleet's interactive requests are paused (sys1 pause), else 0.", o.Paused)
 
 	limitDesc := prometheus.NewDesc("sys1_worker_provider_concurrency_limit",
@@ -270,7 +272,7 @@ func (w *Worker) Stage(name string, d time.Duration) {
 func WorkerFamilies() []Family {
 	zero := func() float64 { return 0 }
 	w, err := NewWorker(WorkerOptions{
-		Replica: "catalogue", InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Paused: zero,
+		Replica: "catalogue", InFlight: zero, ProviderPeak: zero, Redeliveries: zero, Replays: zero, DeadLetters: zero, Orphans: zero, Paused: zero,
 		Providers: func() []ProviderState { return nil }, Fits: func() []FitReading { return nil },
 		Streams: func() []StreamState { return nil }, QuotaAtLimit: func() map[string]int { return nil }, Queues: func() []QueueState { return nil },
 	}, prometheus.NewRegistry())
