@@ -245,6 +245,10 @@ func (c *checker) scored() CheckResult {
 		// reply); zero while one has none.
 		settled time.Time
 		open    bool
+		// skipped: a run of the key ended refused by the breakers (SYS1_PROVIDER_UNAVAILABLE,
+		// every provider's circuit open): a delivery reached the model call and was not let
+		// through, so it asked again as far as the breakers allowed.
+		skipped bool
 	}
 	byKey := map[string]*tally{}
 	get := func(key string) *tally {
@@ -263,6 +267,7 @@ func (c *checker) scored() CheckResult {
 		switch {
 		case len(rs) > 0:
 			t.expected += rs[0].ProviderAnswers
+			t.skipped = t.skipped || rs[0].ErrorCode == codeProviderUnavailable
 			if first := firstAt(c.replies[r.RunID]); first.After(t.settled) {
 				t.settled = first
 			}
@@ -281,9 +286,10 @@ func (c *checker) scored() CheckResult {
 		}
 	}
 	for _, b := range c.o.Batches {
-		status := map[string]string{}
+		status, skipped := map[string]string{}, map[string]bool{}
 		for _, l := range b.Lines {
 			status[l.CustomID] = l.Status
+			skipped[l.CustomID] = l.ErrorCode == codeProviderUnavailable
 		}
 		for _, it := range b.Items {
 			t := get(it.Key)
@@ -294,6 +300,7 @@ func (c *checker) scored() CheckResult {
 			case status[it.CustomID] == "success":
 				t.expected++ // batch items are never cache hits: a success is one answer used
 			}
+			t.skipped = t.skipped || skipped[it.CustomID]
 			t.from, t.to, t.open = b.Started, b.Ended, true // the batch's replies are its own
 		}
 	}
@@ -338,7 +345,7 @@ func (c *checker) scored() CheckResult {
 		}
 		excused := 0
 		for _, call := range t.calls {
-			if died, ok := c.killedHolding(call, settled); ok && askedAgainAfter(t.asked, call, died) {
+			if died, ok := c.killedHolding(call, settled); ok && (askedAgainAfter(t.asked, call, died) || t.skipped) {
 				excused++
 			}
 		}
@@ -377,6 +384,10 @@ func (c *checker) killedHolding(call Call, settled time.Time) (time.Time, bool) 
 	}
 	return time.Time{}, false
 }
+
+// codeProviderUnavailable is the error of a run no provider was let to answer (every circuit
+// open): the run's last delivery was refused by the breakers before reaching the model.
+const codeProviderUnavailable = "SYS1_PROVIDER_UNAVAILABLE"
 
 // askedAgainAfter reports whether the model got another call for the same key that started
 // after died: the redelivery the lost answer made necessary. That call may have failed (the

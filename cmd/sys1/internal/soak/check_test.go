@@ -192,8 +192,18 @@ func TestCheckExcusesAScoringLostWithAKilledWorker(t *testing.T) {
 	if vs := Check(h2.Observations).Violations(); len(vs) > 0 {
 		t.Fatalf("a lost answer whose run then failed with the model: violations %+v", vs)
 	}
-	// Without that second call, nothing shows the answer was lost rather than thrown away.
+	// Without that second call, nothing shows the answer was lost rather than thrown away…
 	h2.Calls = h2.Calls[:len(h2.Calls)-1]
+	expectViolation(t, h2.Observations, CheckScored, "p-4", "scored 1 times")
+	// …unless the run's next delivery was refused by the breakers, every circuit open after
+	// the model's failures: it asked again as far as it was let (the 60-minute soak's
+	// soak-batch-48:i-000207).
+	h2.Replies[len(h2.Replies)-1].ErrorCode = "SYS1_PROVIDER_UNAVAILABLE"
+	if vs := Check(h2.Observations).Violations(); len(vs) > 0 {
+		t.Fatalf("a lost answer whose run was then refused by the breakers: violations %+v", vs)
+	}
+	// The same refusal excuses nothing on a worker that lived on.
+	h2.Calls[len(h2.Calls)-1].Slot = 2
 	expectViolation(t, h2.Observations, CheckScored, "p-4", "scored 1 times")
 	// The same first call on a worker that lived on is not excused…
 	h.Calls[len(h.Calls)-2].Slot = 2
