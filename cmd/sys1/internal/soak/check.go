@@ -794,6 +794,10 @@ func (c *checker) consumers() CheckResult {
 				Detail: fmt.Sprintf("consumer %s on %s: %d pending, %d unacknowledged at the end", cs.Name, cs.Stream, cs.Pending, cs.AckPending)})
 		}
 	}
+	for _, l := range c.o.Leftovers {
+		res.Violations = append(res.Violations, Violation{Check: res.Check, From: c.o.End, To: c.o.End,
+			Detail: fmt.Sprintf("work queue %s still holds %d messages at the end (the first at sequence %d): no consumer finished them", l.Stream, l.Msgs, l.FirstSeq)})
+	}
 	return res
 }
 

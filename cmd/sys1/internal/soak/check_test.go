@@ -380,6 +380,12 @@ func TestCheckDetectsAPendingConsumer(t *testing.T) {
 	expectViolation(t, h.Observations, CheckConsumers, "", "consumer sys1-sink on SYS1_RUNS: 0 pending, 3 unacknowledged")
 }
 
+func TestCheckDetectsARequestLeftInTheWorkQueue(t *testing.T) {
+	h := newHealthy()
+	h.Leftovers = []Leftover{{Stream: "SYS1_REQUESTS", Msgs: 15, FirstSeq: 65742}}
+	expectViolation(t, h.Observations, CheckConsumers, "", "work queue SYS1_REQUESTS still holds 15 messages at the end (the first at sequence 65742)")
+}
+
 func TestCheckDetectsAProcessThatExitedOnItsOwn(t *testing.T) {
 	h := newHealthy()
 	h.Workers[1].Ended, h.Workers[1].ExitCode = at(h.t0, 53), 2

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -217,6 +218,24 @@ func consumerStates(ctx context.Context, js jetstream.JetStream) ([]ConsumerStat
 			return nil, fmt.Errorf("consumers of %s: %w", sn, err)
 		}
 	}
+	return out, nil
+}
+
+// leftovers lists the work-queue streams that still hold messages.
+func leftovers(ctx context.Context, js jetstream.JetStream) ([]Leftover, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var out []Leftover
+	l := js.ListStreams(ctx)
+	for si := range l.Info() {
+		if si.Config.Retention == jetstream.WorkQueuePolicy && si.State.Msgs > 0 {
+			out = append(out, Leftover{Stream: si.Config.Name, Msgs: si.State.Msgs, FirstSeq: si.State.FirstSeq})
+		}
+	}
+	if err := l.Err(); err != nil {
+		return nil, fmt.Errorf("list streams: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Stream < out[j].Stream })
 	return out, nil
 }
 

@@ -37,6 +37,9 @@ type Observations struct {
 	RowsRead  bool
 	// Consumers are every durable consumer of every stream at the end.
 	Consumers []ConsumerState
+	// Leftovers are the work-queue streams still holding messages at the end: a message
+	// there is one no consumer finished (finding 11: a consumer can move past one).
+	Leftovers []Leftover
 	// Timeline is what the soak did to the fleet, and when.
 	Timeline *Timeline
 }
@@ -216,6 +219,12 @@ type BatchItem struct{ CustomID, Key string }
 type BatchLine struct {
 	CustomID, RunID, Status, ErrorCode string
 	Line                               int
+}
+
+// Leftover is a work-queue stream that still holds messages.
+type Leftover struct {
+	Stream         string
+	Msgs, FirstSeq uint64
 }
 
 // Row is one run's record in ClickHouse under FINAL.

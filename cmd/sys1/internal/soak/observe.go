@@ -58,6 +58,9 @@ func (s *soak) observe(ctx context.Context) Observations {
 	} else {
 		o.Consumers = cs
 	}
+	if o.Leftovers, err = leftovers(ctx, s.js); err != nil {
+		o.Consumers = append(o.Consumers, ConsumerState{Stream: "(work queues)", Name: "(streams)", Err: err.Error()})
+	}
 	s.stopCollectors()
 	s.collecting.Wait()
 	o.Replies = s.replies.snapshot()

@@ -617,6 +617,13 @@ func (s *soak) pendingSummary(ctx context.Context, phase int) string {
 			out = append(out, fmt.Sprintf("consumer %s/%s %d pending %d unacknowledged", c.Stream, c.Name, c.Pending, c.AckPending))
 		}
 	}
+	left, err := leftovers(ctx, s.js)
+	if err != nil {
+		return "streams: " + err.Error()
+	}
+	for _, l := range left {
+		out = append(out, fmt.Sprintf("%d messages left in %s", l.Msgs, l.Stream))
+	}
 	if len(out) > 0 {
 		return strings.Join(out, ", ")
 	}
