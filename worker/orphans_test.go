@@ -24,6 +24,8 @@ func (p *plantedStream) Consumers(context.Context) ([]orphans.Consumer, error) {
 	return []orphans.Consumer{{Name: "sys1-worker", Filters: []string{"sys1.decide.>"}, AckFloor: p.msg.Sequence + 10}}, nil
 }
 
+func (p *plantedStream) FirstSeq(context.Context) (uint64, error) { return p.msg.Sequence, nil }
+
 func (p *plantedStream) NextMsg(_ context.Context, seq uint64, _ string) (*jetstream.RawStreamMsg, error) {
 	if p.msg == nil || seq > p.msg.Sequence {
 		return nil, jetstream.ErrMsgNotFound

@@ -39,6 +39,9 @@ type Consumer struct {
 
 // Stream is the request stream.
 type Stream interface {
+	// FirstSeq is the sequence of the stream's oldest message (no consumer whose floor is
+	// below it can have an orphan: most are skipped without a look-up).
+	FirstSeq(ctx context.Context) (uint64, error)
 	// Consumers lists the stream's consumers (an error if any could not be read: a sweep
 	// with a consumer missing would miss its orphans, not find false ones, but says so).
 	Consumers(ctx context.Context) ([]Consumer, error)
@@ -149,14 +152,21 @@ func (s *Sweeper) find(ctx context.Context, stream Stream, consumers []Consumer)
 	if limit <= 0 {
 		limit = 32
 	}
+	first, err := stream.FirstSeq(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read the request stream's first sequence: %w", err)
+	}
 	found := map[uint64]orphan{}
 	for _, c := range consumers {
+		if first == 0 || c.AckFloor < first {
+			continue // empty stream, or every message above the floor: the consumer's to deliver
+		}
 		filters := c.Filters
 		if len(filters) == 0 {
 			filters = []string{">"}
 		}
 		for _, f := range filters {
-			seq := uint64(1)
+			seq := first
 			for range limit {
 				if seq > c.AckFloor {
 					break
@@ -261,6 +271,17 @@ func (m *orphanMsg) remove() error {
 func JetStream(s jetstream.Stream) Stream { return jsStream{s} }
 
 type jsStream struct{ s jetstream.Stream }
+
+func (j jsStream) FirstSeq(ctx context.Context) (uint64, error) {
+	info, err := j.s.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if info.State.Msgs == 0 {
+		return 0, nil
+	}
+	return info.State.FirstSeq, nil
+}
 
 func (j jsStream) Consumers(ctx context.Context) ([]Consumer, error) {
 	l := j.s.ListConsumers(ctx)

@@ -18,11 +18,24 @@ type stream struct {
 	consumers []Consumer
 	deleteErr error
 	deleted   []uint64
+	lookups   int // NextMsg calls since the last FirstSeq
 }
 
 func (s *stream) Consumers(context.Context) ([]Consumer, error) { return s.consumers, nil }
 
+func (s *stream) FirstSeq(context.Context) (uint64, error) {
+	s.lookups = 0
+	var first uint64
+	for q := range s.msgs {
+		if first == 0 || q < first {
+			first = q
+		}
+	}
+	return first, nil
+}
+
 func (s *stream) NextMsg(_ context.Context, seq uint64, subject string) (*jetstream.RawStreamMsg, error) {
+	s.lookups++
 	var best *jetstream.RawStreamMsg
 	for q, m := range s.msgs {
 		if q >= seq && (subject == ">" || m.Subject == subject) && (best == nil || q < best.Sequence) {
@@ -177,6 +190,22 @@ func TestAnOrphanThatCannotBeRemovedIsTriedAgain(t *testing.T) {
 	c.t = c.t.Add(time.Minute)
 	if rep, _ := sw.Sweep(context.Background()); rep.Answered != 1 || len(*got) != 2 {
 		t.Fatalf("%+v, deliveries %v", rep, *got)
+	}
+}
+
+func TestConsumersWhoseFloorIsBelowTheOldestMessageAreNotLookedUp(t *testing.T) {
+	s := &stream{consumers: []Consumer{{Name: "a", Filters: []string{"sys1.decide.a"}, AckFloor: 4}, {Name: "b", AckFloor: 0},
+		{Name: "c", Filters: []string{"sys1.decide.c"}, AckFloor: 9}}}
+	s.put(5, "sys1.decide.a")
+	s.put(9, "sys1.decide.c")
+	sw, _, _ := sweeper(s, &clock{t: time.Unix(1000, 0)}, func(m jetstream.Msg) { _ = m.Ack() })
+	if rep, _ := sw.Sweep(context.Background()); rep.Suspects != 1 || s.lookups != 1 {
+		t.Fatalf("%+v after %d look-ups: want c's message found with one look-up", rep, s.lookups)
+	}
+	delete(s.msgs, 5)
+	delete(s.msgs, 9)
+	if rep, _ := sw.Sweep(context.Background()); rep.Suspects != 0 || s.lookups != 0 {
+		t.Fatalf("empty stream: %+v after %d look-ups", rep, s.lookups)
 	}
 }
 
