@@ -13,12 +13,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"github.com/sys1hq/sys1/worker/internal/storedmsg"
 )
 
 // Stream is the request stream (jetstream.Stream): where a dead-lettered request is read
@@ -73,64 +72,24 @@ func (a *Answerer) Answer(ctx context.Context, adv jetstream.Msg) {
 		return
 	}
 	log.Warn().Msg("a request ran out of deliveries; answering it with its last error")
-	msg := &deadMsg{requests: requests, adv: adv, raw: raw, meta: &jetstream.MsgMetadata{
+	msg := storedmsg.New(requests, raw, &jetstream.MsgMetadata{
 		Sequence:     jetstream.SequencePair{Stream: raw.Sequence},
 		NumDelivered: ad.Deliveries + 1,
 		Timestamp:    raw.Time,
 		Stream:       ad.Stream,
 		Consumer:     ad.Consumer,
-	}}
+	}, adv.InProgress)
 	a.Handle(ctx, msg)
 	switch {
-	case msg.settled && msg.removeErr == nil:
+	case msg.Settled() && msg.RemoveErr() == nil:
 		if a.Answered != nil {
 			a.Answered()
 		}
 		_ = adv.Ack()
-	case msg.settled:
-		log.Warn().Err(msg.removeErr).Msg("answered a dead-lettered request but could not remove it; its record and reply may repeat")
+	case msg.Settled():
+		log.Warn().Err(msg.RemoveErr()).Msg("answered a dead-lettered request but could not remove it; its record and reply may repeat")
 		_ = adv.NakWithDelay(a.RetryBase)
 	default:
-		_ = adv.NakWithDelay(max(msg.delay, a.RetryBase))
+		_ = adv.NakWithDelay(max(msg.Delay(), a.RetryBase))
 	}
-}
-
-// deadMsg is a dead-lettered request message as a delivery: settling it removes it from the
-// stream (Ack, Term) or hands it back to its advisory (Nak).
-type deadMsg struct {
-	requests  Stream
-	adv       jetstream.Msg
-	raw       *jetstream.RawStreamMsg
-	meta      *jetstream.MsgMetadata
-	settled   bool
-	removeErr error
-	delay     time.Duration
-}
-
-func (m *deadMsg) Metadata() (*jetstream.MsgMetadata, error) { return m.meta, nil }
-func (m *deadMsg) Data() []byte                              { return m.raw.Data }
-func (m *deadMsg) Headers() nats.Header                      { return m.raw.Header }
-func (m *deadMsg) Subject() string                           { return m.raw.Subject }
-func (m *deadMsg) Reply() string                             { return "" }
-func (m *deadMsg) Ack() error                                { return m.remove() }
-func (m *deadMsg) DoubleAck(context.Context) error           { return m.remove() }
-func (m *deadMsg) Term() error                               { return m.remove() }
-func (m *deadMsg) TermWithReason(string) error               { return m.remove() }
-func (m *deadMsg) Nak() error                                { return nil }
-func (m *deadMsg) InProgress() error                         { return m.adv.InProgress() }
-
-func (m *deadMsg) NakWithDelay(d time.Duration) error {
-	m.delay = d
-	return nil
-}
-
-func (m *deadMsg) remove() error {
-	m.settled = true
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err := m.requests.DeleteMsg(ctx, m.raw.Sequence)
-	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		m.removeErr = fmt.Errorf("remove dead-lettered request %d: %w", m.raw.Sequence, err)
-	}
-	return m.removeErr
 }

@@ -23,9 +23,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/sys1hq/sys1/worker/internal/storedmsg"
 )
 
 // Consumer is one consumer of the request stream, as far as the sweep needs it.
@@ -198,25 +199,25 @@ func (s *Sweeper) answer(ctx context.Context, stream Stream, o orphan, sg *sight
 	sg.tries++
 	log := s.Log.With().Uint64("stream_seq", o.raw.Sequence).Str("consumer", o.consumer).Int("delivery", delivery).Logger()
 	log.Warn().Time("found", sg.first).Msg("a request below its consumer's acknowledgement floor was never answered; answering it now")
-	msg := &orphanMsg{requests: stream, raw: o.raw, meta: &jetstream.MsgMetadata{
+	msg := storedmsg.New(stream, o.raw, &jetstream.MsgMetadata{
 		Sequence:     jetstream.SequencePair{Stream: o.raw.Sequence},
 		NumDelivered: uint64(delivery),
 		Timestamp:    o.raw.Time,
 		Stream:       s.StreamName,
 		Consumer:     o.consumer,
-	}}
+	}, nil)
 	s.Handle(ctx, msg)
 	switch {
-	case msg.settled && msg.removeErr == nil:
+	case msg.Settled() && msg.RemoveErr() == nil:
 		if s.Answered != nil {
 			s.Answered()
 		}
 		return true
-	case msg.settled:
-		log.Warn().Err(msg.removeErr).Msg("answered an orphaned request but could not remove it; its record and reply may repeat")
+	case msg.Settled():
+		log.Warn().Err(msg.RemoveErr()).Msg("answered an orphaned request but could not remove it; its record and reply may repeat")
 		sg.notBefore = s.now().Add(s.RetryBase)
 	default:
-		sg.notBefore = s.now().Add(max(msg.delay, s.RetryBase))
+		sg.notBefore = s.now().Add(max(msg.Delay(), s.RetryBase))
 	}
 	return false
 }
@@ -226,45 +227,6 @@ func (s *Sweeper) now() time.Time {
 		return s.Now()
 	}
 	return time.Now()
-}
-
-// orphanMsg is an orphaned request as a delivery: settling it removes it from the stream
-// (Ack, Term); a nak leaves it for a later sweep.
-type orphanMsg struct {
-	requests  Stream
-	raw       *jetstream.RawStreamMsg
-	meta      *jetstream.MsgMetadata
-	settled   bool
-	removeErr error
-	delay     time.Duration
-}
-
-func (m *orphanMsg) Metadata() (*jetstream.MsgMetadata, error) { return m.meta, nil }
-func (m *orphanMsg) Data() []byte                              { return m.raw.Data }
-func (m *orphanMsg) Headers() nats.Header                      { return m.raw.Header }
-func (m *orphanMsg) Subject() string                           { return m.raw.Subject }
-func (m *orphanMsg) Reply() string                             { return "" }
-func (m *orphanMsg) Ack() error                                { return m.remove() }
-func (m *orphanMsg) DoubleAck(context.Context) error           { return m.remove() }
-func (m *orphanMsg) Term() error                               { return m.remove() }
-func (m *orphanMsg) TermWithReason(string) error               { return m.remove() }
-func (m *orphanMsg) Nak() error                                { return nil }
-func (m *orphanMsg) InProgress() error                         { return nil } // no consumer waits on it
-
-func (m *orphanMsg) NakWithDelay(d time.Duration) error {
-	m.delay = d
-	return nil
-}
-
-func (m *orphanMsg) remove() error {
-	m.settled = true
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err := m.requests.DeleteMsg(ctx, m.raw.Sequence)
-	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		m.removeErr = fmt.Errorf("remove orphaned request %d: %w", m.raw.Sequence, err)
-	}
-	return m.removeErr
 }
 
 // JetStream adapts a jetstream.Stream to Stream.
