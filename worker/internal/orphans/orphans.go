@@ -2,10 +2,12 @@
 //
 // In a work-queue stream a message leaves the stream when its consumer acknowledges it, so a
 // request still in SYS1_REQUESTS at or below its consumer's acknowledgement floor is one the
-// consumer will never deliver again and nobody finished. That should not happen, but
-// nats-server can lose a message's pending state: a soak saw a replicated consumer move its
-// floor past requests it had been told to deliver again later (NakWithDelay) while its leader
-// changed after a whole-cluster crash (deploy/reliability.md, finding 11). Without this sweep
+// consumer will never deliver again and nobody finished. nats-server leaves a request there
+// when it runs out of deliveries (SYS1_CONSUMER_MAX_DELIVER): its max-deliveries advisory
+// normally gets it answered within seconds (worker/internal/deadletter), but an advisory is
+// not guaranteed — one published while SYS1_DEAD_LETTERS has no leader is gone. And a soak
+// found 27 requests left so after a whole-cluster crash though their workers had seen only two
+// deliveries each and no advisory came (deploy/reliability.md, finding 11). Without this sweep
 // they would sit in the stream unanswered until they aged out.
 //
 // A Sweeper looks for them from outside the consumers: for each consumer of the request

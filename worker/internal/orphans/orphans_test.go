@@ -221,31 +221,59 @@ func TestAtMostMaxPerConsumerOrphansASweep(t *testing.T) {
 	}
 }
 
-// TestJetStreamFindsAMessageBelowTheFloor plants an orphan in a real stream — a message its
-// consumer's floor is past, never delivered — and sweeps it through the adapter. A work-queue
-// stream's consumers must start at its first message, so the plant uses a limits stream and
-// a consumer that starts past the message: the state finding 11 left behind.
-func TestJetStreamFindsAMessageBelowTheFloor(t *testing.T) {
+// TestJetStreamFindsARequestLeftBelowTheFloor plants an orphan in a real work-queue stream
+// and sweeps it through the adapter. nats-server 2.15 leaves a message that ran out of
+// deliveries in a work-queue stream, below its consumer's floor once a later message is
+// acknowledged — finding 11's end state (floor past, nothing pending, one redelivered);
+// with its max-deliveries advisory lost, nothing else would ever answer it.
+func TestJetStreamFindsARequestLeftBelowTheFloor(t *testing.T) {
 	srv := natstest.Start(t)
 	_, js := natstest.Connect(t, srv)
 	ctx := context.Background()
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "REQ", Subjects: []string{"sys1.decide.>"}})
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "REQ", Subjects: []string{"sys1.decide.>"}, Retention: jetstream.WorkQueuePolicy})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, subj := range []string{"sys1.decide.plain", "sys1.decide.other", "sys1.decide.plain"} { // sequences 1, 2, 3
-		if _, err := js.Publish(ctx, subj, []byte(`{}`)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// A consumer that starts at sequence 3 has settled everything below it, as far as it knows.
-	if _, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "plain", FilterSubject: "sys1.decide.plain",
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: 3, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "plain", FilterSubject: "sys1.decide.plain",
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 200 * time.Millisecond, MaxDeliver: 2})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other", FilterSubject: "sys1.decide.other", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
+	for _, subj := range []string{"sys1.decide.plain", "sys1.decide.other"} { // sequences 1, 2
+		if _, err := js.Publish(ctx, subj, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Take sequence 1 and never settle it, until the consumer stops delivering it.
+	natstest.WaitFor(t, 20*time.Second, "sequence 1 to run out of deliveries", func() bool {
+		b, err := cons.Fetch(1, jetstream.FetchMaxWait(300*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range b.Messages() { // the fetch is over (no pull left waiting for sequence 3)
+		}
+		ci, err := cons.Info(ctx)
+		return err == nil && ci.NumAckPending == 0 && ci.NumRedelivered == 1
+	})
+	if _, err := js.Publish(ctx, "sys1.decide.plain", []byte(`{}`)); err != nil { // sequence 3
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.WaitFor(t, 10*time.Second, "the consumer's floor to pass sequence 1", func() bool {
+		ci, err := cons.Info(ctx)
+		return err == nil && ci.AckFloor.Stream >= 3
+	})
 	var handled []uint64
 	sw := &Sweeper{Requests: func() Stream { return JetStream(st) }, StreamName: "REQ", RetryBase: time.Second, Log: zerolog.Nop(),
 		Handle: func(_ context.Context, m jetstream.Msg) {
@@ -254,7 +282,7 @@ func TestJetStreamFindsAMessageBelowTheFloor(t *testing.T) {
 			_ = m.Ack()
 		}}
 	if rep, err := sw.Sweep(ctx); err != nil || rep.Consumers != 2 || rep.Suspects != 1 {
-		t.Fatalf("first sweep: %+v, %v: want 2 consumers read, one suspect", rep, err)
+		t.Fatalf("first sweep: %+v, %v: want 2 consumers read, one suspect (sequence 1 below plain's floor; 2 above other's)", rep, err)
 	}
 	if rep, err := sw.Sweep(ctx); err != nil || rep.Answered != 1 || len(handled) != 1 || handled[0] != 1 {
 		t.Fatalf("second sweep: %+v, %v, handled %v: want sequence 1 answered", rep, err, handled)
@@ -263,7 +291,7 @@ func TestJetStreamFindsAMessageBelowTheFloor(t *testing.T) {
 		t.Fatalf("the answered orphan is still in the stream: %v", err)
 	}
 	info, _ := st.Info(ctx)
-	if info.State.Msgs != 2 {
-		t.Fatalf("stream holds %d messages, want the 2 its consumers still have to deliver", info.State.Msgs)
+	if info.State.Msgs != 1 {
+		t.Fatalf("stream holds %d messages, want the 1 its consumers still have to deliver", info.State.Msgs)
 	}
 }
