@@ -27,7 +27,7 @@ func msg(r *remover, progress func() error) *Msg {
 func TestSettlingRemovesTheRequest(t *testing.T) {
 	for name, settle := range map[string]func(*Msg) error{
 		"ack": (*Msg).Ack, "term": (*Msg).Term,
-		"double ack": func(m *Msg) error { return m.DoubleAck(context.Background()) },
+		"double ack":       func(m *Msg) error { return m.DoubleAck(context.Background()) },
 		"term with reason": func(m *Msg) error { return m.TermWithReason("bad") },
 	} {
 		r := &remover{}
