@@ -140,6 +140,7 @@ func batchRun(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	progress := fs.String("progress", "auto", "progress on stderr: auto (a live bar on a terminal, else a line every 10s), always (the bar), never")
 	summaryJSON := fs.String("summary-json", "", "also write the summary as JSON to this file")
 	dryRun := fs.Bool("dry-run", false, "validate every line, print counts and a time estimate, send nothing")
+	connectWait := fs.Duration("connect-wait", time.Minute, "how long to wait for NATS at start (a restart or failover); NATS lost later is waited out anyway")
 	files, err := parseInterleaved(fs, args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -170,6 +171,9 @@ func batchRun(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if *resendAfter <= 0 {
 		problems = append(problems, fmt.Sprintf("--resend-after must be positive, got %s", *resendAfter))
+	}
+	if *connectWait <= 0 {
+		problems = append(problems, fmt.Sprintf("--connect-wait must be positive, got %s", *connectWait))
 	}
 	switch *progress {
 	case "auto", "always", "never":
@@ -256,7 +260,7 @@ func batchRun(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// stderr is shared by the progress line, warnings and the NATS connection's log, which
 	// write from their own goroutines: errw serialises them.
 	errw := &lockedWriter{w: stderr}
-	conn, err := dialClientInbox(ctx, "sys1 batch", errw, wire.Inbox(*caller))
+	conn, err := dialClientWait(ctx, "sys1 batch", errw, wire.Inbox(*caller), *connectWait)
 	if err != nil {
 		return fail("%v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -275,12 +276,39 @@ func TestBatchCommandRefusesBadInputBeforeSending(t *testing.T) {
 	}
 }
 
+// TestBatchRunWaitsForNATSAtStart: a batch started while NATS is down (a whole-cluster
+// restart; the 60-minute soak's soak-batch-31) waits for it, up to --connect-wait, instead of
+// giving up after a few seconds like an interactive command.
+func TestBatchRunWaitsForNATSAtStart(t *testing.T) {
+	good := writeFile(t, "good.jsonl", batchRequest(1)+"\n")
+	port := natstest.FreePorts(t, 1)[0]
+	t.Setenv("SYS1_NATS_URL", fmt.Sprintf("nats://127.0.0.1:%d", port))
+	var stderr natstest.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(context.Background(), []string{"batch", "run", good, "--progress", "never"}, io.Discard, &stderr)
+	}()
+	natstest.WaitFor(t, 20*time.Second, "the batch to say it waits for NATS", func() bool {
+		return strings.Contains(stderr.String(), "cannot reach NATS yet")
+	})
+	natstest.Start(t, func(o *server.Options) { o.Port = port })
+	select {
+	case code := <-done:
+		// Connected: with no worker ever run there, no stream stores its requests.
+		if code != exitUsage || !strings.Contains(stderr.String(), "is a sys1 worker running") {
+			t.Fatalf("exit %d: want the batch past its connection, refused for want of a worker:\n%s", code, stderr.String())
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the batch did not end:\n%s", stderr.String())
+	}
+}
+
 // TestBatchCommandNoWorkerOrNoNATS: connection trouble is exit status 2 with a message that
 // says what is missing.
 func TestBatchCommandNoWorkerOrNoNATS(t *testing.T) {
 	good := writeFile(t, "good.jsonl", batchRequest(1)+"\n")
 	t.Setenv("SYS1_NATS_URL", "nats://127.0.0.1:1")
-	if code, _, stderr := sys1Batch(t, "run", good, "--progress", "never"); code != exitUsage || !strings.Contains(stderr, "connect to NATS") {
+	if code, _, stderr := sys1Batch(t, "run", good, "--progress", "never", "--connect-wait", "500ms"); code != exitUsage || !strings.Contains(stderr, "connect to NATS") {
 		t.Errorf("no NATS: exit %d, %s", code, stderr)
 	}
 	t.Setenv("SYS1_NATS_URL", natstest.Start(t).ClientURL())

@@ -33,14 +33,23 @@ func defaultClientURL() string {
 
 // dialClient connects a client command (decide, bench, sink) with the worker's connection
 // settings (SYS1_NATS_*). Unlike the worker it never starts an embedded server, and it gives
-// up after a few seconds instead of waiting for NATS to appear.
+// up after a few seconds (clientConnectWait) instead of waiting for NATS to appear.
 func dialClient(ctx context.Context, name string, logTo io.Writer) (*natsconn.Conn, error) {
 	return dialClientInbox(ctx, name, logTo, "")
 }
 
+// clientConnectWait is how long an interactive client command waits for NATS at start.
+const clientConnectWait = 5 * time.Second
+
 // dialClientInbox is dialClient with the inbox prefix to use when SYS1_NATS_INBOX_PREFIX is
 // unset ("": nats.go's _INBOX).
 func dialClientInbox(ctx context.Context, name string, logTo io.Writer, defaultInbox string) (*natsconn.Conn, error) {
+	return dialClientWait(ctx, name, logTo, defaultInbox, clientConnectWait)
+}
+
+// dialClientWait is dialClientInbox waiting up to wait for NATS (a long-running command such
+// as sys1 batch run rides out a restart or a failover at its start as it does later).
+func dialClientWait(ctx context.Context, name string, logTo io.Writer, defaultInbox string, wait time.Duration) (*natsconn.Conn, error) {
 	cfg := natsconn.DefaultConfig()
 	// Set before validation: a client's settings are those of a remote server (creds, nkey,
 	// TLS are fine; the embedded server's SYS1_NATS_LISTEN and SYS1_DATA_DIR do not apply).
@@ -54,7 +63,7 @@ func dialClientInbox(ctx context.Context, name string, logTo io.Writer, defaultI
 	if cfg.InboxPrefix == "" {
 		cfg.InboxPrefix = defaultInbox
 	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	log := zerolog.New(logTo).Level(zerolog.WarnLevel)
 	conn, err := natsconn.Connect(cctx, cfg, name, log)
