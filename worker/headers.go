@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/sys1hq/sys1/contract"
 	"github.com/sys1hq/sys1/contract/wire"
 )
@@ -19,6 +20,15 @@ func ValidRunID(id string) bool { return wire.ValidRunID(id) }
 // stream numbers its messages from 1 again, and without it a new run would inherit an old
 // run's id, so the gate would answer it with the old run's stored outcome and its record would
 // replace the old one in ClickHouse.
+// runIDOf is the run a request message names: its Sys1-Run-Id when that is valid, else
+// derived (the message's derivedRunID).
+func runIDOf(hdr nats.Header, derived string) string {
+	if id := hdr.Get(wire.HeaderRunID); id != "" && ValidRunID(id) {
+		return id
+	}
+	return derived
+}
+
 func derivedRunID(stream string, seq uint64, epoch string) string {
 	return stream + "~" + strconv.FormatUint(seq, 10) + "~" + epoch
 }

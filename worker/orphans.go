@@ -8,7 +8,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/worker/rungate"
 )
 
@@ -46,10 +45,7 @@ func (w *Worker) sweepOrphans(ctx context.Context, runCtx context.Context) {
 // run msg carries (0 when none): an orphan's delivery continues the run's count, so
 // SYS1_MAX_DELIVER bounds its tries as it bounds any run's.
 func (w *Worker) lastDelivery(ctx context.Context, msg *jetstream.RawStreamMsg) int {
-	runID := derivedRunID(w.opt.Topology.RequestsStream, msg.Sequence, *w.requestsEpoch.Load())
-	if id := msg.Header.Get(wire.HeaderRunID); id != "" && ValidRunID(id) {
-		runID = id
-	}
+	runID := runIDOf(msg.Header, derivedRunID(w.opt.Topology.RequestsStream, msg.Sequence, *w.requestsEpoch.Load()))
 	e, err := w.gate.Get(ctx, rungate.Key(runID))
 	if err != nil {
 		return 0

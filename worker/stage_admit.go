@@ -26,10 +26,8 @@ func (r *run) admit(ctx context.Context) error {
 	r.meta = meta
 	hdr := r.msg.Headers()
 	r.derived = derivedRunID(p.topo.RequestsStream, meta.Sequence.Stream, p.epoch())
-	r.runID, r.recordID = r.derived, r.derived
-	if id := hdr.Get(wire.HeaderRunID); id != "" && ValidRunID(id) {
-		r.runID, r.recordID = id, id
-	}
+	r.runID = runIDOf(hdr, r.derived)
+	r.recordID = r.runID
 	r.log = p.log.With().Str("run_id", r.runID).Uint64("stream_seq", meta.Sequence.Stream).Uint64("delivery", meta.NumDelivered).Logger()
 
 	// The authenticator logs through the context's logger (a JWKS refresh a token caused), so
