@@ -86,7 +86,10 @@ func TestBatchItemsAreRecordedAsSuch(t *testing.T) {
 // before it.
 func TestInteractiveRequestJumpsTheBatchBacklog(t *testing.T) {
 	h := newHarness(t)
-	h.fake.SetLatency(5 * time.Millisecond)
+	// Each call takes long enough that publishing the interactive request (a round trip that
+	// can take tens of milliseconds on a loaded machine under -race) lets no extra batch call
+	// start: the position measured is the worker's doing, not the publisher's.
+	h.fake.SetLatency(40 * time.Millisecond)
 	const concurrency = 2
 	h.start(func(o *replicaOpts) { o.cfg.Concurrency, o.cfg.FetchBatch = concurrency, concurrency })
 	h.publishBatch("backlog", 2000, "")

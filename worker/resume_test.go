@@ -79,17 +79,26 @@ func TestAnAnswerKeptBeforeItsReviewFinishesTheRun(t *testing.T) {
 	calls := h.fake.Calls()
 	h.start(subjectAuth(t), withPolicy(t, holdLabelPolicy), func(o *replicaOpts) { o.cfg.ID = "b" })
 
-	waitFor(t, "the run held on its review item", 20*time.Second, func() bool { return len(h.reviewItems()) == 1 })
+	// The review item is queued before the run's outcome is stored, so wait for both.
+	var entry []byte
+	waitFor(t, "the run held on its review item", 20*time.Second, func() bool {
+		if len(h.reviewItems()) != 1 {
+			return false
+		}
+		e, err := kv.Get(context.Background(), worker.GateKey("kept-1"))
+		if err != nil {
+			return false
+		}
+		entry = e.Value()
+		var st rungate.State
+		return json.Unmarshal(entry, &st) == nil && st.Status == rungate.StatusDone
+	})
 	if n := h.fake.Calls(); n != calls {
 		t.Fatalf("the model was asked %d more times for a run whose answer was kept", n-calls)
 	}
-	e, err := kv.Get(context.Background(), worker.GateKey("kept-1"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var st rungate.State
-	if err := json.Unmarshal(e.Value(), &st); err != nil || st.Status != rungate.StatusDone || len(st.Held) != 1 || st.Answer != nil {
-		t.Fatalf("gate entry %s", e.Value())
+	if err := json.Unmarshal(entry, &st); err != nil || len(st.Held) != 1 || st.Answer != nil {
+		t.Fatalf("gate entry %s", entry)
 	}
 	if got := h.durableReplies(durable); len(got) != 0 {
 		t.Fatalf("a held run was answered before its label: %s", got[0].Data)

@@ -227,8 +227,8 @@ func describe(r Reply, start time.Time) string {
 // scored compares, for every request key, how often the fake model answered with how many of
 // those answers the runs used: a run answered from the model uses exactly one, a cache hit or
 // a failure none. An extra answer is excused only when the worker that got it was killed
-// before it could have stored it (then the run's next delivery asks again: the one way a run
-// is scored twice, documented). Failed calls (programmed faults, timeouts) score nothing.
+// before it could have stored it (then the run's next delivery asks again, or finds the
+// cache an earlier run filled: the one way a run is scored twice, documented). Failed calls (programmed faults, timeouts) score nothing.
 func (c *checker) scored() CheckResult {
 	res := CheckResult{Check: CheckScored}
 	type tally struct {
@@ -249,6 +249,14 @@ func (c *checker) scored() CheckResult {
 		// every provider's circuit open): a delivery reached the model call and was not let
 		// through, so it asked again as far as the breakers allowed.
 		skipped bool
+		// hits are when the key's runs answered from the cache had their first final reply: a
+		// delivery after a lost answer may find the cache (filled by an earlier run) instead of
+		// asking the model again.
+		hits []time.Time
+		// spans are the key's runs, each from its publication to when its outcome was stored
+		// (its first final reply; the end of the soak while it has none): a call belongs to
+		// a run open when it started.
+		spans []span
 	}
 	byKey := map[string]*tally{}
 	get := func(key string) *tally {
@@ -264,19 +272,26 @@ func (c *checker) scored() CheckResult {
 		rs := c.final(r)
 		t := get(r.Key)
 		t.runs = append(t.runs, r.RunID)
+		sp := span{from: r.PublishedAt, settled: c.o.End}
 		switch {
 		case len(rs) > 0:
 			t.expected += rs[0].ProviderAnswers
 			t.skipped = t.skipped || rs[0].ErrorCode == codeProviderUnavailable
-			if first := firstAt(c.replies[r.RunID]); first.After(t.settled) {
+			first := firstAt(c.replies[r.RunID])
+			if first.After(t.settled) {
 				t.settled = first
 			}
+			if rs[0].CacheHit {
+				t.hits = append(t.hits, first)
+			}
+			sp.settled = first
 		case r.Kind == KindHold:
 			t.unreleased++
 			t.open = true
 		default:
 			t.open = true
 		}
+		t.spans = append(t.spans, sp)
 		from, to := c.window(r)
 		if t.from.IsZero() || from.Before(t.from) {
 			t.from = from
@@ -302,6 +317,7 @@ func (c *checker) scored() CheckResult {
 			}
 			t.skipped = t.skipped || skipped[it.CustomID]
 			t.from, t.to, t.open = b.Started, b.Ended, true // the batch's replies are its own
+			t.spans = append(t.spans, span{from: b.Started, settled: c.o.End})
 		}
 	}
 	for _, call := range c.o.Calls {
@@ -345,7 +361,7 @@ func (c *checker) scored() CheckResult {
 		}
 		excused := 0
 		for _, call := range t.calls {
-			if died, ok := c.killedHolding(call, settled); ok && (askedAgainAfter(t.asked, call, died) || t.skipped) {
+			if died, ok := c.killedHolding(call, settledFor(t.spans, call, settled)); ok && (askedAgainAfter(t.asked, call, died) || t.skipped || anyAfter(t.hits, died)) {
 				excused++
 			}
 		}
@@ -395,6 +411,35 @@ const codeProviderUnavailable = "SYS1_PROVIDER_UNAVAILABLE"
 func askedAgainAfter(calls []Call, lost Call, died time.Time) bool {
 	for _, other := range calls {
 		if other != lost && !other.Started.Before(died) {
+			return true
+		}
+	}
+	return false
+}
+
+// span is one run of a key: published at from, its outcome stored by settled.
+type span struct{ from, settled time.Time }
+
+// settledFor is when the runs open at call's start had all stored their outcomes: the answer
+// it got was for one of them, so a worker killed later held nothing of it. Without such a
+// run (a call made for no run open then) it is fallback, the key's last outcome.
+func settledFor(spans []span, call Call, fallback time.Time) time.Time {
+	var settled time.Time
+	for _, sp := range spans {
+		if !sp.from.After(call.Started) && !sp.settled.Before(call.Started) && sp.settled.After(settled) {
+			settled = sp.settled
+		}
+	}
+	if settled.IsZero() {
+		return fallback
+	}
+	return settled
+}
+
+// anyAfter reports whether one of ts is at or after t.
+func anyAfter(ts []time.Time, t time.Time) bool {
+	for _, x := range ts {
+		if !x.Before(t) {
 			return true
 		}
 	}

@@ -214,6 +214,31 @@ func TestCheckExcusesAScoringLostWithAKilledWorker(t *testing.T) {
 	expectViolation(t, h.Observations, CheckScored, "p-1", "scored 2 times")
 }
 
+// TestCheckExcusesALostAnswerWhoseRunFoundTheCache (the CI soak, seed 24): a cache caller's
+// worker could not read the cache (its NATS node was being killed), asked the model, and was
+// killed holding the answer; the run's next delivery found the entry an earlier run stored.
+func TestCheckExcusesALostAnswerWhoseRunFoundTheCache(t *testing.T) {
+	h := newHealthy()
+	h.Requests = append(h.Requests, Request{RunID: "c-3", Caller: "soak-cache", Kind: KindCache, Key: "body-1", PublishedAt: at(h.t0, 48.9), AckedAt: at(h.t0, 48.91)})
+	h.Calls = append(h.Calls, Call{Key: "body-1", Slot: 1, Started: at(h.t0, 49), Ended: at(h.t0, 49.1), Answered: true})
+	h.Replies = append(h.Replies, Reply{RunID: "c-3", Seq: 60, At: at(h.t0, 80.2), Hash: hashOf("c-3"), Status: "success", CacheHit: true})
+	h.Rows = append(h.Rows, Row{RunID: "c-3", Caller: "soak-cache", Status: "success"})
+	r := Check(h.Observations)
+	if vs := r.Violations(); len(vs) > 0 {
+		t.Fatalf("violations: %+v", vs)
+	}
+	if notes := r.Result(CheckScored).Notes; len(notes) != 1 || !strings.Contains(notes[0], "1 runs were scored again") {
+		t.Errorf("notes: %v", notes)
+	}
+	// A hit that came before the worker died shows nothing about the answer it held.
+	h.Replies[len(h.Replies)-1].At = at(h.t0, 49.5)
+	expectViolation(t, h.Observations, CheckScored, "c-3", "scored 2 times")
+	// Nor is the same call excused on a worker that lived on.
+	h.Replies[len(h.Replies)-1].At = at(h.t0, 80.2)
+	h.Calls[len(h.Calls)-1].Slot = 2
+	expectViolation(t, h.Observations, CheckScored, "c-3", "scored 2 times")
+}
+
 func TestCheckDetectsACallForARunNobodySent(t *testing.T) {
 	h := newHealthy()
 	h.Calls = append(h.Calls, Call{Key: "ghost", Slot: 1, Started: at(h.t0, 7), Ended: at(h.t0, 7.1), Answered: true})
