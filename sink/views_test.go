@@ -155,6 +155,8 @@ func TestLabelledAnswersView(t *testing.T) {
 func TestSpendAndBatchViews(t *testing.T) {
 	e := newEnv(t, nil)
 	day := time.Now().UTC().Add(-time.Hour).Truncate(time.Millisecond)
+	// The records' own day, not today(): an hour ago is yesterday just after midnight UTC.
+	recordDay := day.Format(time.DateOnly)
 	cost := func(v float64) *float64 { return &v }
 	var recs []contract.RunRecord
 	add := func(id, caller, model string, c *float64, cacheHit bool, batch string, code contract.Code) {
@@ -199,15 +201,15 @@ func TestSpendAndBatchViews(t *testing.T) {
 		{"unpriced", 1, 0, 1, 0, nil}, // NULL, never $0
 		{"cached", 1, 1, 0, 1, cost(0)},
 	} {
-		runs, priced, unpriced, cache, usd := spend("SELECT runs, priced_runs, unpriced_runs, cache_hits, spend_usd FROM %s.spend_by_caller_day WHERE caller = ? AND day = today()", c.caller)
+		runs, priced, unpriced, cache, usd := spend("SELECT runs, priced_runs, unpriced_runs, cache_hits, spend_usd FROM %s.spend_by_caller_day WHERE caller = ? AND day = toDate(?)", c.caller, recordDay)
 		if runs != c.runs || priced != c.priced || unpriced != c.unpriced || cache != c.cache || (usd == nil) != (c.usd == nil) || usd != nil && math.Abs(*usd-*c.usd) > 1e-9 {
 			t.Errorf("spend of %s: runs %d priced %d unpriced %d cache %d usd %v; want %+v", c.caller, runs, priced, unpriced, cache, usd, c)
 		}
 	}
-	if runs, _, unpriced, _, usd := spend("SELECT runs, priced_runs, unpriced_runs, cache_hits, spend_usd FROM %s.spend_by_model_day WHERE model = 'deep' AND day = today()"); runs != 2 || unpriced != 2 || usd != nil {
+	if runs, _, unpriced, _, usd := spend("SELECT runs, priced_runs, unpriced_runs, cache_hits, spend_usd FROM %s.spend_by_model_day WHERE model = 'deep' AND day = toDate(?)", recordDay); runs != 2 || unpriced != 2 || usd != nil {
 		t.Errorf("deep (unpriced) spend: runs %d unpriced %d usd %v, want NULL", runs, unpriced, usd)
 	}
-	if _, _, _, _, usd := spend("SELECT runs, priced_runs, unpriced_runs, cache_hits, spend_usd FROM %s.spend_by_model_day WHERE model = 'nimble' AND day = today()"); usd == nil || math.Abs(*usd-0.5) > 1e-9 {
+	if _, _, _, _, usd := spend("SELECT runs, priced_runs, unpriced_runs, cache_hits, spend_usd FROM %s.spend_by_model_day WHERE model = 'nimble' AND day = toDate(?)", recordDay); usd == nil || math.Abs(*usd-0.5) > 1e-9 {
 		t.Errorf("nimble spend %v, want 0.5", usd)
 	}
 
