@@ -228,7 +228,8 @@ func describe(r Reply, start time.Time) string {
 // those answers the runs used: a run answered from the model uses exactly one, a cache hit or
 // a failure none. An extra answer is excused only when the worker that got it was killed
 // before it could have stored it (then the run's next delivery asks again, or finds the
-// cache an earlier run filled: the one way a run is scored twice, documented). Failed calls (programmed faults, timeouts) score nothing.
+// cache an earlier run filled: the one way a run is scored twice, documented). Failed calls
+// (programmed faults, timeouts) score nothing.
 func (c *checker) scored() CheckResult {
 	res := CheckResult{Check: CheckScored}
 	type tally struct {
@@ -249,10 +250,10 @@ func (c *checker) scored() CheckResult {
 		// every provider's circuit open): a delivery reached the model call and was not let
 		// through, so it asked again as far as the breakers allowed.
 		skipped bool
-		// hits are when the key's runs answered from the cache had their first final reply: a
-		// delivery after a lost answer may find the cache (filled by an earlier run) instead of
-		// asking the model again.
-		hits []time.Time
+		// lastHit is the first final reply of the key's last run answered from the cache: a
+		// delivery after a lost answer may find the cache (filled by an earlier run) instead
+		// of asking the model again. Zero: no hit.
+		lastHit time.Time
 		// spans are the key's runs, each from its publication to when its outcome was stored
 		// (its first final reply; the end of the soak while it has none): a call belongs to
 		// a run open when it started.
@@ -281,8 +282,8 @@ func (c *checker) scored() CheckResult {
 			if first.After(t.settled) {
 				t.settled = first
 			}
-			if rs[0].CacheHit {
-				t.hits = append(t.hits, first)
+			if rs[0].CacheHit && first.After(t.lastHit) {
+				t.lastHit = first
 			}
 			sp.settled = first
 		case r.Kind == KindHold:
@@ -361,7 +362,7 @@ func (c *checker) scored() CheckResult {
 		}
 		excused := 0
 		for _, call := range t.calls {
-			if died, ok := c.killedHolding(call, settledFor(t.spans, call, settled)); ok && (askedAgainAfter(t.asked, call, died) || t.skipped || anyAfter(t.hits, died)) {
+			if died, ok := c.killedHolding(call, settledFor(t.spans, call, settled)); ok && (askedAgainAfter(t.asked, call, died) || t.skipped || !t.lastHit.Before(died)) {
 				excused++
 			}
 		}
@@ -434,16 +435,6 @@ func settledFor(spans []span, call Call, fallback time.Time) time.Time {
 		return fallback
 	}
 	return settled
-}
-
-// anyAfter reports whether one of ts is at or after t.
-func anyAfter(ts []time.Time, t time.Time) bool {
-	for _, x := range ts {
-		if !x.Before(t) {
-			return true
-		}
-	}
-	return false
 }
 
 func firstAt(rs []Reply) time.Time {
