@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sys1hq/sys1/cmd/sys1/loadtest"
+	"github.com/sys1hq/sys1/worker/loopback"
 )
 
 // fairDeployOptions say how to start one deployment of bench --fairness.
@@ -140,7 +140,7 @@ func startFairDeployment(ctx context.Context, o fairDeployOptions) (_ *fairDeplo
 			d.stop()
 		}
 	}()
-	ports, err := freeLoopbackPorts(2)
+	ports, err := loopback.Ports(2)
 	if err != nil {
 		return nil, err
 	}
@@ -204,25 +204,6 @@ func baseChildEnv() []string {
 		}
 	}
 	return out
-}
-
-func freeLoopbackPorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // waitJetStream waits until the server answers JetStream requests.

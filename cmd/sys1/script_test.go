@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/sys1hq/sys1/provider/ollamatest"
 	"github.com/sys1hq/sys1/sink/chtest"
+	"github.com/sys1hq/sys1/worker/loopback"
 )
 
 // The README's flows as script tests (testdata/script/*.txtar), the way the Go toolchain tests
@@ -108,13 +108,13 @@ func TestScripts(t *testing.T) {
 // setupScript gives one script its environment (see the file comment).
 func setupScript(env *testscript.Env, mode, natsCLI, examples string) error {
 	ports := map[string]int{}
-	for _, name := range []string{"NATS_PORT", "HTTP_PORT", "REVIEW_PORT"} {
-		p, err := freeTCPPort()
-		if err != nil {
-			return err
-		}
-		ports[name] = p
-		env.Setenv(name, strconv.Itoa(p))
+	free, err := loopback.Ports(3)
+	if err != nil {
+		return err
+	}
+	for i, name := range []string{"NATS_PORT", "HTTP_PORT", "REVIEW_PORT"} {
+		ports[name] = free[i]
+		env.Setenv(name, strconv.Itoa(free[i]))
 	}
 	nats := fmt.Sprintf("127.0.0.1:%d", ports["NATS_PORT"])
 	env.Setenv("SYS1_NATS_LISTEN", nats)
@@ -191,15 +191,6 @@ func findNATSCLI() string {
 		return p
 	}
 	return ""
-}
-
-func freeTCPPort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 func copyDir(from, to string) error {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -30,12 +29,7 @@ func httpGet(t *testing.T, url string) string {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return natstest.FreePorts(t, 1)[0]
 }
 
 // TestWorkerIsOneProcessDeployment runs the binary's worker exactly as the quick start does

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -22,6 +21,7 @@ import (
 	"github.com/sys1hq/sys1/provider/ollamatest"
 	"github.com/sys1hq/sys1/worker"
 	"github.com/sys1hq/sys1/worker/auth"
+	"github.com/sys1hq/sys1/worker/loopback"
 	"github.com/sys1hq/sys1/worker/natsconn"
 	"github.com/sys1hq/sys1/worker/topology"
 )
@@ -346,18 +346,9 @@ func startCluster(ctx context.Context, dir string, n int, sync string) ([]*serve
 		every = 2 * time.Minute
 	}
 	// Free ports, released before the servers bind them.
-	ports := make([]int, 2*n)
-	var lns []net.Listener
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
-	}
-	for _, ln := range lns {
-		ln.Close()
+	ports, err := loopback.Ports(2 * n)
+	if err != nil {
+		return nil, err
 	}
 	var routes []string
 	for i := range n {

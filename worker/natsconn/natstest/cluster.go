@@ -2,13 +2,13 @@ package natstest
 
 import (
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/sys1hq/sys1/worker/loopback"
 )
 
 // Cluster is a JetStream cluster of in-process nats-servers on loopback, each with its own
@@ -60,24 +60,14 @@ func StartCluster(tb testing.TB, n int, configure ...func(*server.Options)) *Clu
 	return c
 }
 
-// FreePorts returns n distinct loopback TCP ports that were free a moment ago. A cluster's
-// route list must name every node's port before any node starts, so port -1 will not do.
+// FreePorts returns n distinct loopback TCP ports that were free a moment ago (see
+// loopback.Ports). A cluster's route list must name every node's port before any node
+// starts, so port -1 will not do.
 func FreePorts(tb testing.TB, n int) []int {
 	tb.Helper()
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatalf("reserve a port: %v", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	ports, err := loopback.Ports(n)
+	if err != nil {
+		tb.Fatal(err)
 	}
 	return ports
 }

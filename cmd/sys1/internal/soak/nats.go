@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -236,26 +235,5 @@ func leftovers(ctx context.Context, js jetstream.JetStream) ([]Leftover, error) 
 		return nil, fmt.Errorf("list streams: %w", err)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Stream < out[j].Stream })
-	return out, nil
-}
-
-// freePorts reserves n distinct free loopback ports (released just before use: another
-// process could take one in between, which a start failure would then say).
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	var out []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		out = append(out, ln.Addr().(*net.TCPAddr).Port)
-	}
 	return out, nil
 }

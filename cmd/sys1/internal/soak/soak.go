@@ -36,6 +36,7 @@ import (
 
 	"github.com/sys1hq/sys1/contract/wire"
 	"github.com/sys1hq/sys1/sink"
+	"github.com/sys1hq/sys1/worker/loopback"
 	"github.com/sys1hq/sys1/worker/natsconn"
 )
 
@@ -239,7 +240,7 @@ func (s *soak) setUp(ctx context.Context) error {
 	// (the proxy, the fake models) is open: a port freePorts hands back is free again, and
 	// the kernel would give it to the next listener here (a CI run's w2 found a fake model
 	// on its port, and exited "address already in use" until the soak gave up).
-	ports, err := freePorts(3*nodes + o.Workers + 2)
+	ports, err := loopback.Ports(3*nodes + o.Workers + 2)
 	if err != nil {
 		return err
 	}
